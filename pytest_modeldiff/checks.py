@@ -1,0 +1,261 @@
+"""The built-in checks: each turns a Comparison (and its threshold) into a CheckResult.
+
+Formulas live in metrics.py; here is only what is compared, over which positions, and what a
+failure should tell the user (worst positions, a hint). Register new checks in registry.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import mapping, metrics
+from .compare import TOPK_KEPT, Comparison, PositionStats
+from .registry import CHECKS, HIGHER
+from .thresholds import Threshold
+
+PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
+
+
+@dataclass
+class Row:
+    metric: str
+    value: str
+    threshold: str
+    passed: bool
+
+
+@dataclass
+class CheckResult:
+    name: str
+    candidate: str
+    status: str
+    rows: list[Row] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  # worst positions, mismatches
+    hint: str = ""
+    reason: str = ""  # for skipped / error
+    value: float | None = None  # headline value (JSON report)
+    threshold: Threshold | None = None
+    extra: dict = field(default_factory=dict)  # more numbers for the JSON report
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (PASSED, SKIPPED)
+
+
+def _fmt(x: float) -> str:
+    if x is None or not np.isfinite(x):
+        return str(x)
+    return f"{x:.4g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.3e}"
+
+
+# --------------------------------------------------------------------------- exact checks
+def check_tokens(cmp: Comparison, threshold=None) -> CheckResult:
+    result = CheckResult("tokens", cmp.name, PASSED)
+    if not cmp.token_diffs:
+        return CheckResult("tokens", cmp.name, SKIPPED, reason="no text both sides can tokenize "
+                           "(dumps without a prompt file carry token ids only)")
+    for diff in cmp.token_diffs:
+        at = diff.first_mismatch
+        result.rows.append(Row(f"tokens '{diff.label}'", f"{len(diff.ref_ids)} vs {len(diff.cand_ids)} ids",
+                               "identical", at is None))
+        if at is None:
+            continue
+        result.status = FAILED
+        ref_id = diff.ref_ids[at] if at < len(diff.ref_ids) else None
+        cand_id = diff.cand_ids[at] if at < len(diff.cand_ids) else None
+        before = "".join(cmp.reference.piece(i) for i in diff.ref_ids[max(0, at - 5):at])
+        after = "".join(cmp.reference.piece(i) for i in diff.ref_ids[at:at + 5])
+        result.details.append(
+            f"'{diff.label}': first difference at token {at}: reference {_tok(cmp.reference, ref_id)} "
+            f"vs candidate {_tok(cmp.candidate, cand_id)}; text around it: {before!r} | {after!r}")
+    if result.status == FAILED:
+        result.hint = ("the candidate tokenizes the same text differently: check tokenizer.ggml.pre "
+                       "(pre-tokenizer), merges, special tokens and tokenizer.ggml.add_bos_token; "
+                       "logit metrics still use the reference's ids for both models")
+    return result
+
+
+def _tok(runner, token_id) -> str:
+    return "<end of sequence>" if token_id is None else f"{token_id} {runner.piece(token_id)!r}"
+
+
+def check_vocab(cmp: Comparison, threshold=None) -> CheckResult:
+    ref, cand = cmp.reference.vocab(), cmp.candidate.vocab()
+    if ref is None or cand is None:
+        side = cmp.reference if ref is None else cmp.candidate
+        return CheckResult("vocab", cmp.name, SKIPPED, reason=f"{side.path} carries no vocabulary ({side.kind})")
+    result = CheckResult("vocab", cmp.name, PASSED)
+
+    common = min(len(ref.tokens), len(cand.tokens))
+    differing = [i for i in range(common) if ref.tokens[i] != cand.tokens[i]]
+    extra = [t for t in cand.tokens[common:] if not (t.startswith("[PAD") and t.endswith("]"))]
+    missing = len(ref.tokens) - common
+    result.rows.append(Row("token strings", f"{len(differing)} differ of {common}", "0", not differing))
+    result.rows.append(Row("vocabulary size", f"{len(ref.tokens)} vs {len(cand.tokens)}",
+                           "equal (padding allowed)", not extra and not missing))
+    for i in differing[:5]:
+        result.details.append(f"token {i}: reference {ref.tokens[i]!r} vs candidate {cand.tokens[i]!r}")
+    if ref.merges is not None and cand.merges is not None:
+        bad = next((i for i, (a, b) in enumerate(zip(ref.merges, cand.merges)) if a != b), None)
+        same = bad is None and len(ref.merges) == len(cand.merges)
+        result.rows.append(Row("merges", f"{len(ref.merges)} vs {len(cand.merges)}", "identical", same))
+        if bad is not None:
+            result.details.append(f"merge {bad}: reference {ref.merges[bad]!r} vs candidate {cand.merges[bad]!r}")
+    for name in ("bos", "eos", "unk", "pad"):
+        a, b = ref.special.get(name), cand.special.get(name)
+        if a is not None and b is not None:
+            result.rows.append(Row(f"{name} id", f"{a} vs {b}", "equal", a == b))
+    for name in ("add_bos", "add_eos"):
+        a, b = getattr(ref, name), getattr(cand, name)
+        if a is not None and b is not None:
+            result.rows.append(Row(f"{name} flag", f"{a} vs {b}", "equal", a == b))
+    if not all(r.passed for r in result.rows):
+        result.status = FAILED
+        result.hint = ("re-convert with the tokenizer files that belong to the reference; special ids and "
+                       "add-bos/eos flags come from tokenizer_config.json / generation_config.json")
+    return result
+
+
+def check_metadata(cmp: Comparison, threshold=None) -> CheckResult:
+    ref, cand = cmp.reference.hparams(), cmp.candidate.hparams()
+    if ref is None or cand is None:
+        side = cmp.reference if ref is None else cmp.candidate
+        return CheckResult("metadata", cmp.name, SKIPPED, reason=f"{side.path} carries no hyper-parameters ({side.kind})")
+    diffs = {key: (a, b) for key, a, b in mapping.compare(ref, cand)}
+    result = CheckResult("metadata", cmp.name, FAILED if diffs else PASSED)
+    for key in sorted(set(ref) | set(cand)):
+        if key in ref:
+            result.rows.append(Row(key, f"{ref[key]} vs {cand.get(key, 'missing')}", "equal", key not in diffs))
+    if diffs:
+        result.hint = ("the candidate's architecture metadata differs from the reference config; fix the "
+                       "converter or the config (llama.cpp can patch a value with --override-kv)")
+    return result
+
+
+# --------------------------------------------------------------------------- logit checks
+@dataclass(frozen=True)
+class LogitMetric:
+    """How a logit check aggregates per-position values over a set of positions."""
+
+    label: str
+    aggregate: Callable[[PositionStats, int], float]
+    per_position: Callable[[PositionStats], np.ndarray] | None  # for "worst positions"
+
+
+def top_overlap(s: PositionStats, k: int = 10) -> np.ndarray:
+    """|topk(ref) & topk(cand)| / k per position, from the kept top ids (k <= TOPK_KEPT)."""
+    return np.array([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(s.ref_top.tolist(), s.cand_top.tolist())])
+
+
+def topk_overlap_metric(k: int) -> LogitMetric:
+    return LogitMetric(f"top-{k} overlap", lambda s, v: float(top_overlap(s, k).mean()), lambda s: -top_overlap(s, k))
+
+
+def _same_top(s: PositionStats) -> np.ndarray:
+    return (s.ref_top[:, 0] == s.cand_top[:, 0]).astype(float)
+
+
+def _nonfinite_mean(values: np.ndarray) -> float:
+    return float("nan") if np.isnan(values).any() else float(values.mean())
+
+
+LOGIT_METRICS = {
+    "kld": LogitMetric("kld mean", lambda s, v: _nonfinite_mean(s.kld), lambda s: s.kld),
+    "nmse": LogitMetric("nmse", lambda s, v: metrics.nmse_pooled(s.sse, s.ref_sum, s.ref_sumsq, v), None),
+    "max_abs": LogitMetric("max |diff|", lambda s, v: float(np.max(s.max_abs)), lambda s: s.max_abs),
+    "top10": topk_overlap_metric(10),
+    "same_top": LogitMetric("same top-1", lambda s, v: float(_same_top(s).mean()), lambda s: -_same_top(s)),
+}
+
+
+def _scopes(stats: PositionStats) -> list[tuple[str, PositionStats]]:
+    """All positions, and the last position of each sequence (llama.cpp's single-vector view)."""
+    last = stats.select(stats.is_last)
+    n_seq = len(np.unique(stats.seq))
+    if len(last) == len(stats):
+        return [(f"last position of {n_seq} sequences", stats)]
+    return [(f"all {len(stats)} positions", stats), (f"last position of {n_seq} sequences", last)]
+
+
+def _passes(value: float, threshold: float, direction: str) -> bool:
+    if not np.isfinite(value):  # NaN/Inf logits never pass
+        return False
+    return value >= threshold if direction == HIGHER else value <= threshold
+
+
+def check_logits(name: str, cmp: Comparison, threshold: Threshold, metric: LogitMetric | None = None) -> CheckResult:
+    """Evaluate a registered logit check (``metric`` may replace its aggregation, e.g. top-k with
+    another k) over all positions and over the last positions; both must pass."""
+    check, metric = CHECKS[name], metric or LOGIT_METRICS[name]
+    if cmp.error:
+        return CheckResult(name, cmp.name, ERROR, reason=cmp.error, threshold=threshold)
+    stats = cmp.stats
+    symbol = ">=" if check.direction == HIGHER else "<="
+    result = CheckResult(name, cmp.name, PASSED, threshold=threshold)
+    for scope, subset in _scopes(stats):
+        value = metric.aggregate(subset, cmp.n_vocab)
+        ok = _passes(value, threshold.value, check.direction)
+        result.rows.append(Row(f"{metric.label}, {scope}", _fmt(value), f"{symbol} {_fmt(threshold.value)}", ok))
+        if result.value is None:
+            result.value = value
+        if not ok:
+            result.status = FAILED
+    if name == "nmse":
+        result.extra = {"nmse_db": metrics.nmse_db(result.value), "verdict": metrics.nmse_verdict(result.value)}
+        result.rows[0].value += f" ({result.extra['nmse_db']:.1f} dB, {result.extra['verdict']})"
+    if name == "kld":
+        result.extra = {"median": float(np.nanmedian(stats.kld)), "max": float(np.nanmax(stats.kld))}
+    if result.status == FAILED:
+        _explain(result, cmp, metric)
+    return result
+
+
+def _explain(result: CheckResult, cmp: Comparison, metric: LogitMetric) -> None:
+    stats = cmp.stats
+    bad = int((~stats.finite).sum())
+    if bad:
+        first = int(np.argmin(stats.finite))
+        result.details.append(f"the candidate produced NaN/Inf logits at {bad} of {len(stats)} positions "
+                              f"(first: sequence {stats.seq[first]}, position {stats.pos[first]})")
+    if metric.per_position is not None:
+        per = np.nan_to_num(metric.per_position(stats), nan=np.inf)
+        for idx in np.argsort(-per, kind="stable")[:5]:
+            s, p = int(stats.seq[idx]), int(stats.pos[idx])
+            ref_next, cand_next = int(stats.ref_top[idx, 0]), int(stats.cand_top[idx, 0])
+            result.details.append(
+                f"sequence '{cmp.eval.sequences[s].label}' position {p} after {cmp.context(s, p)!r}: "
+                f"kld {_fmt(stats.kld[idx])}, max|diff| {_fmt(stats.max_abs[idx])}, "
+                f"top-1 reference {cmp.reference.piece(ref_next)!r} vs candidate {cmp.candidate.piece(cand_next)!r}")
+    result.hint = _hint(cmp)
+
+
+def _hint(cmp: Comparison) -> str:
+    """Point at the likely cause from where the error sits along the sequence."""
+    stats = cmp.stats
+    kld = np.nan_to_num(stats.kld, nan=np.inf)
+    early, late = kld[stats.pos < 4], kld[stats.pos >= 16]
+    if len(early) and len(late) and np.mean(late) > 10 * max(np.mean(early), 1e-12):
+        where = ("error grows with position: suspect rope (freq base, scaling, Q/K permutation) "
+                 "or attention (window, soft-capping)")
+    else:
+        where = ("error is present from the first positions: suspect weights (a scaled or wrong tensor, "
+                 "quantization), norm epsilon or the output head")
+    return (f"{where}; compare with --cand-runner gguf-torch to separate weight error (present there too) "
+            f"from llama.cpp kernel error, or set the threshold with @pytest.mark.modeldiff(...) / "
+            f"--modeldiff-threshold if the candidate type ({cmp.quant_type}, class {cmp.quant_class}) "
+            "is expected to be this far off")
+
+
+EXACT_CHECKS = {"tokens": check_tokens, "vocab": check_vocab, "metadata": check_metadata}
+
+
+def run_check(name: str, cmp: Comparison, thresholds: dict[str, Threshold]) -> CheckResult:
+    if name in EXACT_CHECKS:
+        return EXACT_CHECKS[name](cmp)
+    return check_logits(name, cmp, thresholds[name])
+
+
+def run_checks(cmp: Comparison, thresholds: dict[str, Threshold]) -> list[CheckResult]:
+    return [run_check(name, cmp, thresholds) for name in CHECKS]

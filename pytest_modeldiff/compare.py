@@ -1,0 +1,332 @@
+"""The comparison engine: plain Python, no pytest. Runs the reference once and each candidate on
+the same token ids, one sequence at a time, and keeps per-position metrics (never every
+sequence's full-vocabulary logits at once).
+
+    md = ModelDiff("hf_model", ["model-q8_0.gguf"])
+    cmp = md.compare("model-q8_0")
+    results = run_checks(cmp, md.thresholds.resolve(cmp.quant_class))
+"""
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import dumps, evaldata, metrics
+from .errors import ModelDiffError
+from .registry import quant_class
+from .runners import Runner, make_runner
+from .thresholds import Thresholds
+
+TOPK_KEPT = 20  # top ids kept per position: enough for any top-k overlap/agreement with k <= 20
+
+
+@dataclass
+class Settings:
+    eval_text: Path | None = None
+    eval_dataset: Path | None = None
+    eval_column: str = "text"
+    eval_rows: int = 8
+    eval_length: int = 256
+    device: str = "cpu"
+    threads: int | None = None
+    dump_dir: Path | None = None
+    ref_runner: str | None = None
+    cand_runner: str | None = None
+
+    def describe(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class TokenDiff:
+    label: str
+    text: str
+    ref_ids: list[int]
+    cand_ids: list[int]
+
+    @property
+    def first_mismatch(self) -> int | None:
+        for i, (a, b) in enumerate(zip(self.ref_ids, self.cand_ids)):
+            if a != b:
+                return i
+        return None if len(self.ref_ids) == len(self.cand_ids) else min(len(self.ref_ids), len(self.cand_ids))
+
+
+@dataclass
+class PositionStats:
+    """One entry per compared position, concatenated over sequences."""
+
+    seq: np.ndarray  # sequence index
+    pos: np.ndarray  # position in the sequence (predicting token pos + 1)
+    is_last: np.ndarray
+    finite: np.ndarray  # candidate logits all finite
+    kld: np.ndarray
+    max_abs: np.ndarray
+    max_abs_id: np.ndarray  # vocabulary id of the largest difference
+    sse: np.ndarray
+    ref_sum: np.ndarray
+    ref_sumsq: np.ndarray
+    ref_top: np.ndarray  # (n, TOPK_KEPT) ids, best first
+    cand_top: np.ndarray
+
+    @classmethod
+    def measure(cls, seq: int, positions: np.ndarray, n_tokens: int, ref: np.ndarray, cand: np.ndarray):
+        finite = np.isfinite(cand).all(axis=-1)
+        safe = np.where(finite[:, None], cand, 0.0)  # keep the arithmetic quiet; NaNs are reported
+        sse, ref_sum, ref_sumsq = metrics.logit_moments(ref, safe)
+        kld = np.where(finite, metrics.kl_divergence(ref, safe), np.nan)
+        diff = np.abs(safe.astype(np.float64) - ref)
+        return cls(
+            seq=np.full(len(positions), seq), pos=positions, is_last=positions == n_tokens - 1,
+            finite=finite, kld=kld, max_abs=np.where(finite, diff.max(-1), np.nan),
+            max_abs_id=diff.argmax(-1), sse=np.where(finite, sse, np.nan), ref_sum=ref_sum,
+            ref_sumsq=ref_sumsq, ref_top=metrics.top_k_ids(ref, TOPK_KEPT),
+            cand_top=metrics.top_k_ids(safe, TOPK_KEPT))
+
+    @classmethod
+    def concat(cls, parts: list["PositionStats"]) -> "PositionStats":
+        return cls(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__})
+
+    def select(self, mask: np.ndarray) -> "PositionStats":
+        return PositionStats(**{f: getattr(self, f)[mask] for f in self.__dataclass_fields__})
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+@dataclass
+class Comparison:
+    """Everything the checks need about one candidate against the reference."""
+
+    reference: Runner
+    candidate: Runner
+    quant_type: str
+    quant_class: str
+    eval: evaldata.EvalInput
+    token_diffs: list[TokenDiff] = field(default_factory=list)
+    stats: PositionStats | None = None
+    n_vocab: int = 0
+    error: str | None = None  # why the logit metrics could not be computed
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    def context(self, seq: int, pos: int, width: int = 6) -> str:
+        """The last few input tokens up to ``pos`` of sequence ``seq``, decoded."""
+        ids = self.eval.sequences[seq].ids[max(0, pos - width + 1): pos + 1]
+        return "".join(self.reference.piece(i) for i in ids)
+
+
+class ModelDiff:
+    """One reference, any number of candidates; comparisons are computed on first request."""
+
+    def __init__(self, ref: str | Path, candidates: Sequence[str | Path], settings: Settings | None = None,
+                 thresholds: Thresholds | None = None, progress: Callable[[str], None] | None = None):
+        self.settings = settings or Settings()
+        self.thresholds = thresholds or Thresholds()
+        self.progress = progress or (lambda message: None)
+        s = self.settings
+        self.reference = make_runner(Path(ref), s.ref_runner, s.device, s.threads)
+        self.candidates: dict[str, Runner] = {}
+        for path in candidates:
+            runner = make_runner(Path(path), s.cand_runner, s.device, s.threads)
+            key, n = runner.name, 2
+            while key in self.candidates:  # two files with one stem: keep both, distinguishable
+                key, n = f"{runner.name}-{n}", n + 1
+            self.candidates[key] = runner
+        self._eval: evaldata.EvalInput | None = None
+        self._ref_store: _ReferenceStore | None = None
+        self._comparisons: dict[str, Comparison] = {}
+
+    # -- evaluation input and the reference pass ------------------------------------------
+    def eval_input(self) -> evaldata.EvalInput:
+        if self._eval is None:
+            self._eval = self._build_eval_input()
+        return self._eval
+
+    def _build_eval_input(self) -> evaldata.EvalInput:
+        s, ref = self.settings, self.reference
+        recorded = ref.fixed_sequences() or next(
+            (c.fixed_sequences() for c in self.candidates.values() if c.fixed_sequences()), None)
+        if recorded:
+            return evaldata.EvalInput(
+                [(f"recorded {i}", seq.text) for i, seq in enumerate(recorded) if seq.text is not None],
+                [evaldata.EvalSequence(seq.ids, seq.text, f"recorded {i}") for i, seq in enumerate(recorded)])
+        ref.load(s.eval_length)
+        vocab = ref.vocab()
+        bos_id = vocab.special.get("bos") if vocab and vocab.add_bos else None
+        if s.eval_dataset:
+            text = evaldata.read_parquet_text(s.eval_dataset, s.eval_column, 40 * s.eval_rows * s.eval_length)
+            return evaldata.chunked_input(text, ref.tokenize, s.eval_rows, s.eval_length, bos_id, s.eval_dataset.name)
+        if s.eval_text:
+            text = evaldata.read_text_file(s.eval_text)
+            return evaldata.chunked_input(text, ref.tokenize, s.eval_rows, s.eval_length, bos_id, s.eval_text.name)
+
+        def special(name):
+            token_id = vocab.special.get(name) if vocab else None
+            return vocab.tokens[token_id] if token_id is not None and token_id < len(vocab.tokens) else None
+
+        return evaldata.builtin_input(ref.tokenize, s.eval_length, special("bos"), special("eos"))
+
+    def _reference(self) -> "_ReferenceStore":
+        if self._ref_store is None:
+            sequences = self.eval_input().sequences
+            self.reference.load(max(len(seq.ids) for seq in sequences))
+            self._ref_store = _ReferenceStore.run(self.reference, sequences, self._dump_writer(self.reference),
+                                                  self.progress)
+            if self.settings.dump_dir and self.reference.dump_prefix:
+                self._finish_dumps(self.reference, self._ref_store.writer, self._ref_store.last_row,
+                                   self.reference.quant_type())
+        return self._ref_store
+
+    # -- candidates ------------------------------------------------------------------------
+    def compare(self, key: str) -> Comparison:
+        if key not in self._comparisons:
+            self._comparisons[key] = self._compare(self.candidates[key])
+        return self._comparisons[key]
+
+    def computed(self) -> dict[str, Comparison]:
+        """The comparisons made so far (the report covers these)."""
+        return dict(self._comparisons)
+
+    def compare_all(self) -> dict[str, Comparison]:
+        return {key: self.compare(key) for key in self.candidates}
+
+    def _compare(self, cand: Runner) -> Comparison:
+        started = time.perf_counter()
+        eval_input = self.eval_input()
+        ref_store = self._reference()
+        cand.load(max(len(seq.ids) for seq in eval_input.sequences))
+        qtype = cand.quant_type()
+        cmp = Comparison(self.reference, cand, qtype, quant_class(qtype), eval_input)
+        cmp.token_diffs = [
+            TokenDiff(label, text, ref_ids, cand_ids)
+            for label, text in eval_input.texts
+            if (ref_ids := self.reference.tokenize(text)) is not None
+            and (cand_ids := cand.tokenize(text)) is not None
+        ]
+        writer = self._dump_writer(cand)
+        parts, cand_seconds, last_row = [], 0.0, None
+        try:
+            for i, seq in enumerate(eval_input.sequences):
+                t0 = time.perf_counter()
+                cand_rows = cand.logits(seq.ids)
+                cand_seconds += time.perf_counter() - t0
+                ref_rows = ref_store.rows(i)
+                if cand_rows.shape[-1] != ref_rows.shape[-1]:
+                    raise ModelDiffError(
+                        f"vocabulary size mismatch: {cand.path} gives {cand_rows.shape[-1]} logits per "
+                        f"position, {self.reference.path} gives {ref_rows.shape[-1]}")
+                n = min(len(cand_rows), len(ref_rows))  # a last-position dump holds one row
+                positions = np.arange(len(seq.ids) - n, len(seq.ids))
+                parts.append(PositionStats.measure(i, positions, len(seq.ids), ref_rows[-n:], cand_rows[-n:]))
+                if writer:
+                    writer.add(cand_rows, seq.ids, seq.text)
+                if i == 0:
+                    last_row = cand_rows[-1]
+                self.progress(f"{cand.name}: sequence {i + 1}/{len(eval_input.sequences)}")
+        except ModelDiffError as exc:
+            cmp.error = str(exc)
+            if writer:
+                writer.abort()
+            writer = None
+        if parts and cmp.error is None:
+            cmp.stats = PositionStats.concat(parts)
+            cmp.n_vocab = int(ref_store.n_vocab)
+        if writer:
+            self._finish_dumps(cand, writer, last_row, qtype)
+        total = time.perf_counter() - started
+        cmp.timings = {"reference_forward_s": ref_store.seconds, "candidate_forward_s": cand_seconds,
+                       "comparison_s": total, "overhead_s": max(0.0, total - cand_seconds)}
+        return cmp
+
+    # -- dumps -------------------------------------------------------------------------------
+    def _dump_writer(self, runner: Runner) -> dumps.AllPositionsWriter | None:
+        if not self.settings.dump_dir or not runner.dump_prefix:
+            return None
+        return dumps.AllPositionsWriter(Path(self.settings.dump_dir), runner.dump_prefix, runner.name)
+
+    def _finish_dumps(self, runner: Runner, writer, last_row, qtype: str) -> None:
+        first = self.eval_input().sequences[0]
+        dumps.write_last_position(Path(self.settings.dump_dir), runner.dump_prefix, runner.name,
+                                  last_row, first.ids, first.text)
+        writer.finish(len(last_row), {
+            "model": str(runner.path), "runner": runner.kind, "quant_type": qtype,
+            "model_files_sha256": {str(p): dumps.file_sha256(p) for p in runner.files()},
+            "versions": {"python": platform.python_version(), "numpy": np.__version__, **runner.versions()},
+            "settings": self.settings.describe(),
+        })
+
+    def close(self) -> None:
+        for runner in [self.reference, *self.candidates.values()]:
+            runner.close()
+        if self._ref_store is not None:
+            self._ref_store.close()
+
+
+class _ReferenceStore:
+    """The reference's logits for every sequence, on disk (a temporary float32 file) so that
+    several candidates reuse one reference pass without holding it all in memory."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.offsets: list[tuple[int, int]] = []  # (first row, n rows) per sequence
+        self.n_vocab = 0
+        self.seconds = 0.0
+        self.writer = None
+        self.last_row = None
+        self._fd, self._path = tempfile.mkstemp(prefix="modeldiff-ref-", suffix=".f32")
+        self._file = os.fdopen(self._fd, "wb")
+        self._rows = None
+
+    @classmethod
+    def run(cls, runner: Runner, sequences, writer, progress) -> "_ReferenceStore":
+        store = cls(runner)
+        store.writer = writer
+        row = 0
+        try:
+            for i, seq in enumerate(sequences):
+                t0 = time.perf_counter()
+                logits = runner.logits(seq.ids)
+                store.seconds += time.perf_counter() - t0
+                bad = ~np.isfinite(logits).all(axis=-1)
+                if bad.any():
+                    raise ModelDiffError(
+                        f"{runner.path}: the reference produced NaN/Inf logits at {int(bad.sum())} positions "
+                        f"(first: sequence {i}, position {int(np.argmax(bad))}); the reference itself is broken")
+                store.n_vocab = logits.shape[-1]
+                store._file.write(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
+                store.offsets.append((row, len(logits)))
+                row += len(logits)
+                if writer:
+                    writer.add(logits, seq.ids, seq.text)
+                if i == 0:
+                    store.last_row = np.array(logits[-1])
+                progress(f"reference {runner.name}: sequence {i + 1}/{len(sequences)}")
+        except BaseException:
+            if writer:
+                writer.abort()
+            store.close()
+            raise
+        store._file.close()
+        store._rows = np.memmap(store._path, dtype=np.float32, mode="r").reshape(-1, store.n_vocab)
+        return store
+
+    def rows(self, i: int) -> np.ndarray:
+        first, n = self.offsets[i]
+        return np.asarray(self._rows[first:first + n])
+
+    def close(self) -> None:
+        self._rows = None
+        if not self._file.closed:
+            self._file.close()
+        Path(self._path).unlink(missing_ok=True)

@@ -1,0 +1,113 @@
+"""Evaluation input: the built-in prompt set, a text file, or a parquet dataset.
+
+Two things come out: ``texts`` for the tokens check (each side tokenizes them itself) and
+``sequences`` of *reference* token ids, which are fed to both models for every logit metric, so
+a tokenizer bug shows as a tokens failure and never as (or hidden in) a logit difference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import ModelDiffError
+
+# First is llama.cpp's default conversion-check prompt, so the last-position dump matches theirs.
+BUILTIN_PROMPTS: list[tuple[str, str]] = [
+    ("llama.cpp default", "Hello, my name is"),
+    ("prose", "The committee met on a grey Tuesday morning to review the harbour plans. After two "
+              "hours of debate, they agreed that the old lighthouse would be restored rather than "
+              "demolished, and that the fishing boats would keep their moorings along the north wall."),
+    ("code", "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n numbers.\"\"\"\n"
+             "    seq = [0, 1]\n    while len(seq) < n:\n        seq.append(seq[-1] + seq[-2])\n"
+             "    return seq[:n]\n\nif __name__ == \"__main__\":\n    print(fibonacci(10))\n"),
+    ("numbers", "In 1969, 3 astronauts flew 384,400 km; pi = 3.14159265, e = 2.71828, 0x1F = 31, "
+                "1e-5 < 0.001, 2026-11-21 12:34:56, +44 20 7946 0958, 99.9% of 1,234,567.89."),
+    ("whitespace", "a  b   c    d\n\n\nfour    spaces\tand\ttabs\n        indented\n \n  \n\t\t\nend  "),
+    ("non-english", "Der schnelle braune Fuchs springt. Съешь же ещё этих мягких французских булок. "
+                    "東京は日本の首都です。 Café naïve façade — «ça va?» 😀🚀 مرحبا بالعالم"),
+    ("special tokens", "{bos}user\nWhat is the capital of France?{eos}\n{bos}assistant\nParis.{eos}"),
+]
+
+
+@dataclass
+class EvalSequence:
+    ids: list[int]  # reference-tokenizer ids fed to both models
+    text: str | None = None
+    label: str = ""
+
+
+@dataclass
+class EvalInput:
+    texts: list[tuple[str, str]] = field(default_factory=list)  # (label, text) for the tokens check
+    sequences: list[EvalSequence] = field(default_factory=list)
+
+
+def fill_special(text: str, bos: str | None, eos: str | None) -> str:
+    """Insert the reference tokenizer's own special-token strings into a template prompt."""
+    return text.replace("{bos}", bos or "").replace("{eos}", eos or "")
+
+
+def builtin_input(tokenize: Callable[[str], list[int]], max_length: int,
+                  bos: str | None, eos: str | None) -> EvalInput:
+    texts = [(label, fill_special(text, bos, eos)) for label, text in BUILTIN_PROMPTS]
+    return EvalInput(texts, [EvalSequence(tokenize(t)[:max_length], t, label) for label, t in texts])
+
+
+def read_text_file(path: Path) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ModelDiffError(f"{path}: --eval-text file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ModelDiffError(f"{path}: --eval-text is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise ModelDiffError(f"{path}: --eval-text file is empty")
+    return text
+
+
+def read_parquet_text(path: Path, column: str, max_chars: int) -> str:
+    """Rows of ``column`` joined by blank lines, read until ``max_chars`` characters are collected."""
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise ModelDiffError(f"{path}: --eval-dataset file not found") from None
+    except Exception as exc:
+        raise ModelDiffError(f"{path}: not a readable parquet file ({exc})") from None
+    if column not in parquet.schema_arrow.names:
+        raise ModelDiffError(f"{path}: no column {column!r}; columns are {parquet.schema_arrow.names} "
+                             "(choose one with --eval-column)")
+    parts, size = [], 0
+    for batch in parquet.iter_batches(columns=[column], batch_size=256):
+        for value in batch.column(0).to_pylist():
+            if value:
+                parts.append(str(value))
+                size += len(parts[-1])
+        if size >= max_chars:
+            break
+    if not parts:
+        raise ModelDiffError(f"{path}: column {column!r} holds no text")
+    return "\n\n".join(parts)
+
+
+def chunked_input(text: str, tokenize: Callable[[str], list[int]], rows: int, length: int,
+                  bos_id: int | None, label: str) -> EvalInput:
+    """Tokenize once, cut into ``rows`` sequences of ``length`` tokens (exllamav2's eval layout);
+    each sequence starts with BOS when the reference adds one (llama-perplexity does the same)."""
+    ids = tokenize(text)
+    if bos_id is not None and ids and ids[0] == bos_id:
+        ids = ids[1:]
+    body = length - (1 if bos_id is not None else 0)
+    sequences = []
+    for row in range(rows):
+        chunk = ids[row * body:(row + 1) * body]
+        if len(chunk) < 2:
+            break
+        prefix = [bos_id] if bos_id is not None else []
+        sequences.append(EvalSequence(prefix + chunk, None, f"{label} row {row}"))
+    if not sequences:
+        raise ModelDiffError(f"{label}: too little text for one sequence of {length} tokens")
+    # The tokens check compares both tokenizers on the text these sequences came from.
+    return EvalInput([(label, text[: 40 * rows * length])], sequences)

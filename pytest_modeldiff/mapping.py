@@ -1,0 +1,102 @@
+"""The one table that maps architecture hyper-parameters between HF config.json and GGUF metadata.
+
+Each row names a canonical key, the GGUF key (``{arch}`` is general.architecture) and the HF
+config attributes that may hold it, first match wins. Both runners turn their own format into
+canonical keys through this table, so the ``metadata`` check compares like with like.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class HParam:
+    key: str
+    gguf: str
+    hf: tuple[str, ...]
+    kind: type = int
+
+
+HPARAMS = [
+    HParam("n_layer", "{arch}.block_count", ("num_hidden_layers", "n_layer", "num_layers")),
+    HParam("n_embd", "{arch}.embedding_length", ("hidden_size", "n_embd", "d_model")),
+    HParam("n_ff", "{arch}.feed_forward_length", ("intermediate_size", "n_inner", "ffn_dim")),
+    HParam("n_head", "{arch}.attention.head_count", ("num_attention_heads", "n_head")),
+    HParam("n_head_kv", "{arch}.attention.head_count_kv", ("num_key_value_heads",)),
+    HParam("head_dim", "{arch}.attention.key_length", ("head_dim",)),
+    HParam("n_ctx_train", "{arch}.context_length", ("max_position_embeddings", "n_positions")),
+    HParam("n_vocab", "{arch}.vocab_size", ("vocab_size",)),
+    HParam("rope_freq_base", "{arch}.rope.freq_base", ("rope_theta",), float),
+    HParam("rope_scaling_type", "{arch}.rope.scaling.type", ("rope_type",), str),
+    HParam("rope_scaling_factor", "{arch}.rope.scaling.factor", ("factor",), float),
+    HParam("norm_rms_eps", "{arch}.attention.layer_norm_rms_epsilon", ("rms_norm_eps",), float),
+    HParam("norm_eps", "{arch}.attention.layer_norm_epsilon", ("layer_norm_eps", "layer_norm_epsilon"), float),
+    HParam("sliding_window", "{arch}.attention.sliding_window", ("sliding_window",)),
+    HParam("attn_softcap", "{arch}.attn_logit_softcapping", ("attn_logit_softcapping",), float),
+    HParam("final_softcap", "{arch}.final_logit_softcapping", ("final_logit_softcapping",), float),
+]
+
+# Float hyper-parameters are stored as float32 in GGUF: compare with this relative tolerance.
+FLOAT_RTOL = 1e-6
+
+
+def _complete(values: dict[str, Any]) -> dict[str, Any]:
+    """Fill values both formats leave implicit, so a default is not reported as a mismatch."""
+    if "n_head" in values:
+        values.setdefault("n_head_kv", values["n_head"])
+        if "n_embd" in values:
+            values.setdefault("head_dim", values["n_embd"] // values["n_head"])
+    values.setdefault("rope_scaling_type", "none")
+    if values["rope_scaling_type"] in ("none", "default", "linear") and values.get("rope_scaling_factor") in (None, 1.0):
+        values.pop("rope_scaling_factor", None)
+    if values["rope_scaling_type"] == "default":
+        values["rope_scaling_type"] = "none"
+    return values
+
+
+def from_hf_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Canonical hyper-parameters from a config.json dict (transformers 4 and 5 layouts)."""
+    text = config.get("text_config") or {}
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    sources = [config, text, rope]
+    values: dict[str, Any] = {}
+    for hp in HPARAMS:
+        for source in sources:
+            found = next((source[a] for a in hp.hf if source.get(a) is not None), None)
+            if found is not None:
+                values[hp.key] = hp.kind(found)
+                break
+    if rope.get("type") and "rope_scaling_type" not in values:
+        values["rope_scaling_type"] = str(rope["type"])
+    return _complete(values)
+
+
+def from_gguf_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+    """Canonical hyper-parameters from GGUF key/values (``{arch}`` = general.architecture)."""
+    arch = metadata.get("general.architecture", "llama")
+    values: dict[str, Any] = {}
+    for hp in HPARAMS:
+        raw = metadata.get(hp.gguf.format(arch=arch))
+        if raw is not None:
+            values[hp.key] = hp.kind(raw)
+    if "n_vocab" not in values and "tokenizer.ggml.tokens" in metadata:
+        values["n_vocab"] = len(metadata["tokenizer.ggml.tokens"])
+    if "rope_freqs.weight" in tensor_names and "rope_scaling_type" not in values:
+        values["rope_scaling_type"] = "llama3"  # llama.cpp stores Llama-3.1 scaling as a tensor
+    return _complete(values)
+
+
+def compare(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, ref value, cand value) for every key that differs; keys on one side only count
+    when the reference has them (a missing rope scaling factor is a classic conversion bug)."""
+    diffs = []
+    for key, ref_value in ref.items():
+        cand_value = cand.get(key)
+        if isinstance(ref_value, float) and isinstance(cand_value, float):
+            if abs(ref_value - cand_value) <= FLOAT_RTOL * max(abs(ref_value), abs(cand_value)):
+                continue
+        elif ref_value == cand_value:
+            continue
+        diffs.append((key, ref_value, cand_value))
+    return diffs

@@ -1,0 +1,303 @@
+"""pytest hooks, options and fixtures - nothing else. Imports nothing heavy at import time:
+the engine (and torch, transformers, llama_cpp behind it) loads only when --ref-model is given.
+
+    pytest --ref-model path/to/hf_model --cand-model model-q8_0.gguf [--cand-model ...]
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from .registry import CHECKS, RUNNERS  # plain tables, no heavy imports
+
+CHECK_NAMES = tuple(CHECKS)
+RUNNER_NAMES = tuple(RUNNERS)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("modeldiff", "model conversion checks (pytest-modeldiff)")
+    group.addoption("--ref-model", metavar="PATH", help="reference model: HF folder, .gguf or logits dump")
+    group.addoption("--cand-model", metavar="PATH", action="append", default=[],
+                    help="candidate model to check against the reference (repeatable)")
+    group.addoption("--ref-runner", choices=RUNNER_NAMES, help="runtime for the reference (default: from the path)")
+    group.addoption("--cand-runner", choices=RUNNER_NAMES, help="runtime for the candidates (default: from the path)")
+    group.addoption("--eval-text", metavar="FILE", help="evaluate on this UTF-8 text instead of the built-in prompts")
+    group.addoption("--eval-dataset", metavar="FILE.parquet", help="evaluate on a parquet dataset's text column")
+    group.addoption("--eval-column", metavar="NAME", help="text column of --eval-dataset (default: text)")
+    group.addoption("--eval-rows", type=int, metavar="N", help="sequences cut from --eval-text/--eval-dataset (default 8)")
+    group.addoption("--eval-length", type=int, metavar="N", help="tokens per sequence (default 256)")
+    group.addoption("--modeldiff-threshold", metavar="KEY=VALUE", action="append", default=[],
+                    help="threshold for a check, e.g. kld=0.02 (repeatable; markers take precedence)")
+    group.addoption("--modeldiff-checks", metavar="LIST",
+                    help=f"built-in checks to run as tests, comma-separated, or 'none' (default: all of {','.join(CHECK_NAMES)})")
+    group.addoption("--modeldiff-dump-dir", metavar="DIR", help="write llama.cpp-compatible logit and token dumps here")
+    group.addoption("--modeldiff-json", metavar="PATH", help="write every candidate's metrics, thresholds and verdicts")
+    group.addoption("--modeldiff-device", choices=("cpu", "cuda"), help="device for torch runners and llama.cpp offload")
+    group.addoption("--modeldiff-threads", type=int, metavar="N", help="CPU threads per model (default: all cores)")
+    parser.addini("modeldiff_thresholds", "KEY=VALUE thresholds, one per line", type="linelist", default=[])
+    parser.addini("modeldiff_checks", "built-in checks to run (comma-separated, or none)", default="")
+    parser.addini("modeldiff_dump_dir", "default for --modeldiff-dump-dir", default="")
+    parser.addini("modeldiff_json", "default for --modeldiff-json", default="")
+    parser.addini("modeldiff_device", "default for --modeldiff-device", default="cpu")
+    parser.addini("modeldiff_eval_text", "default for --eval-text", default="")
+    parser.addini("modeldiff_eval_length", "default for --eval-length", default="256")
+    parser.addini("modeldiff_eval_rows", "default for --eval-rows", default="8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "modeldiff(**thresholds): thresholds for this test's modeldiff assertions, "
+                   "e.g. @pytest.mark.modeldiff(kld=0.01, top10=0.9)")
+    if config.getoption("--ref-model"):
+        config.stash[_STATE] = _State.from_config(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is not None:
+        state.close()
+
+
+class _State:
+    """The run's ModelDiff engine plus the results reported at the end."""
+
+    def __init__(self, config: pytest.Config, engine, checks: list[str]):
+        self.config = config
+        self.engine = engine
+        self.checks = checks
+        self.results: dict[str, dict] = {}  # candidate key -> check name -> CheckResult
+        self._last_progress = 0.0
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> "_State":
+        from .compare import ModelDiff, Settings
+        from .errors import ModelDiffError
+        from .thresholds import Thresholds
+
+        def opt(name: str, ini: str | None = None, cast=str):
+            value = config.getoption(name)
+            if value is None and ini and config.getini(ini) not in ("", None):
+                value = config.getini(ini)
+            try:
+                return None if value is None else cast(value)
+            except ValueError:
+                raise pytest.UsageError(f"{name} / ini {ini}: {value!r} is not a valid {cast.__name__}") from None
+
+        def path(value):
+            return None if value is None else Path(value)
+
+        candidates = config.getoption("--cand-model")
+        if not candidates:
+            raise pytest.UsageError("--ref-model needs at least one --cand-model to compare against it")
+        device = opt("--modeldiff-device", "modeldiff_device")
+        if device not in (None, "cpu", "cuda"):
+            raise pytest.UsageError(f"modeldiff_device = {device!r}: choose cpu or cuda")
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise pytest.UsageError(
+                    f"--modeldiff-device cuda: torch {torch.__version__} sees no CUDA device; use cpu")
+        settings = Settings(
+            eval_text=path(opt("--eval-text", "modeldiff_eval_text")),
+            eval_dataset=path(opt("--eval-dataset")),
+            eval_column=opt("--eval-column") or "text",
+            eval_rows=opt("--eval-rows", "modeldiff_eval_rows", int),
+            eval_length=opt("--eval-length", "modeldiff_eval_length", int),
+            device=device or "cpu",
+            threads=opt("--modeldiff-threads", cast=int),
+            dump_dir=path(opt("--modeldiff-dump-dir", "modeldiff_dump_dir")),
+            ref_runner=config.getoption("--ref-runner"),
+            cand_runner=config.getoption("--cand-runner"),
+        )
+        for name, value in (("--eval-rows", settings.eval_rows), ("--eval-length", settings.eval_length)):
+            if value < 1:
+                raise pytest.UsageError(f"{name} must be >= 1, got {value}")
+        checks = _selected_checks(config)
+        state = cls(config, None, checks)
+        try:
+            thresholds = Thresholds(config.getoption("--modeldiff-threshold"), config.getini("modeldiff_thresholds"))
+            state.engine = ModelDiff(config.getoption("--ref-model"), candidates, settings, thresholds, state.progress)
+        except ModelDiffError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        return state
+
+    def progress(self, message: str) -> None:
+        """At most one line every 2 s (always with -v): long runs show they are moving."""
+        now = time.monotonic()
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and (self.config.option.verbose > 0 or now - self._last_progress > 2.0):
+            self._last_progress = now
+            capture = self.config.pluginmanager.get_plugin("capturemanager")
+            with capture.global_and_fixture_disabled():  # to the terminal, not the test's captured output
+                reporter.write_line(f"modeldiff: {message}")
+
+    def comparison(self, key: str):
+        from .errors import ModelDiffError
+
+        try:
+            return self.engine.compare(key)
+        except ModelDiffError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+_STATE = pytest.StashKey[_State]()
+
+
+def _selected_checks(config: pytest.Config) -> list[str]:
+    raw = config.getoption("--modeldiff-checks") or config.getini("modeldiff_checks") or ",".join(CHECK_NAMES)
+    names = [n.strip() for n in raw.replace(" ", ",").split(",") if n.strip()]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in CHECK_NAMES]
+    if unknown:
+        raise pytest.UsageError(f"--modeldiff-checks: unknown check(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(CHECK_NAMES)}")
+    return names
+
+
+# ------------------------------------------------------------------------- built-in check items
+class ModelDiffCheckFailed(Exception):
+    """Carries the formatted table so repr_failure can show it without a traceback."""
+
+
+class ModelDiffCandidate(pytest.Collector):
+    def collect(self):
+        return []
+
+
+class ModelDiffItem(pytest.Item):
+    def __init__(self, *, candidate: str, check: str, **kwargs):
+        super().__init__(**kwargs)
+        self.candidate = candidate
+        self.check = check
+
+    def runtest(self) -> None:
+        from .checks import ERROR, FAILED, SKIPPED, run_check
+        from .report import failure_message
+
+        state = self.config.stash[_STATE]
+        cmp = state.comparison(self.candidate)
+        result = run_check(self.check, cmp, state.engine.thresholds.resolve(cmp.quant_class))
+        state.results.setdefault(self.candidate, {})[self.check] = result
+        if result.status == SKIPPED:
+            pytest.skip(f"modeldiff {self.check}: {result.reason}")
+        if result.status == ERROR:
+            pytest.fail(f"modeldiff {self.check} for {cmp.candidate.path}: {result.reason}", pytrace=False)
+        if result.status == FAILED:
+            raise ModelDiffCheckFailed(failure_message(result, cmp))
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance(ModelDiffCheckFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"modeldiff[{self.candidate}]::{self.check}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselection sees the item list
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None or not state.checks:
+        return
+    for key, runner in state.engine.candidates.items():
+        # "modeldiff[<candidate>]" stands where a test file would in pytest's progress output
+        parent = ModelDiffCandidate.from_parent(session, name=f"modeldiff[{key}]", nodeid=f"modeldiff[{key}]",
+                                                path=runner.path.resolve())
+        items.extend(ModelDiffItem.from_parent(parent, name=check, candidate=key, check=check)
+                     for check in state.checks)
+
+
+# ------------------------------------------------------------------------- fixtures and markers
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    state = metafunc.config.stash.get(_STATE, None)
+    if "modeldiff" in metafunc.fixturenames and state is not None:
+        keys = list(state.engine.candidates)
+        metafunc.parametrize("modeldiff_candidate", keys, ids=keys, indirect=True)
+
+
+def _marker_thresholds(item: pytest.Item) -> dict[str, float]:
+    from .errors import ModelDiffUsageError
+    from .thresholds import validate
+
+    merged: dict[str, object] = {}
+    for marker in reversed(list(item.iter_markers("modeldiff"))):  # closest marker wins
+        if marker.args:
+            pytest.fail(f"@pytest.mark.modeldiff on {item.nodeid} takes keyword thresholds only "
+                        f"(e.g. kld=0.01), got positional {marker.args!r}", pytrace=False)
+        merged.update(marker.kwargs)
+    try:
+        return validate(merged, f"@pytest.mark.modeldiff on {item.nodeid}")
+    except ModelDiffUsageError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("modeldiff") is None:
+        return
+    _marker_thresholds(item)  # a typo fails here, with or without --ref-model
+    if _STATE not in item.config.stash:
+        pytest.skip("pytest-modeldiff: no --ref-model given")
+
+
+@pytest.fixture
+def modeldiff_candidate(request: pytest.FixtureRequest) -> str:
+    """Key of the candidate this test instance checks (the test is parametrized per --cand-model)."""
+    return request.param
+
+
+@pytest.fixture
+def modeldiff(request: pytest.FixtureRequest):
+    """Assertion helpers over the reference-vs-candidate comparison (one instance per candidate).
+
+    modeldiff.assert_tokens_equal(), .assert_kld(max=None), .assert_nmse(), .assert_topk_overlap(k=10),
+    .assert_same_top(), .assert_max_abs(), .assert_vocab_equal(), .assert_metadata_equal();
+    .comparison holds the raw per-position numbers. Thresholds: marker > CLI > ini > default.
+    """
+    state = request.config.stash.get(_STATE, None)
+    if state is None:
+        pytest.skip("pytest-modeldiff: no --ref-model given")
+    from .assertions import ModelDiffAssertions
+
+    key = request.getfixturevalue("modeldiff_candidate")
+    cmp = state.comparison(key)
+    marker = _marker_thresholds(request.node)
+    return ModelDiffAssertions(cmp, state.engine.thresholds.resolve(cmp.quant_class, marker))
+
+
+# ------------------------------------------------------------------------- reporting
+def _all_results(state: _State) -> dict:
+    """Every check for every candidate compared in this run (also those not run as items)."""
+    from .checks import run_checks
+
+    out = {}
+    for key, cmp in state.engine.computed().items():
+        thresholds = state.engine.thresholds.resolve(cmp.quant_class)
+        out[key] = (cmp, run_checks(cmp, thresholds))
+    return out
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None or not state.engine.computed():
+        return
+    from .report import summary, to_json, write_json
+
+    results = _all_results(state)
+    terminalreporter.section("modeldiff summary")
+    for cmp, checks in results.values():
+        for line in summary(cmp, checks):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line("")
+    json_path = config.getoption("--modeldiff-json") or config.getini("modeldiff_json")
+    if json_path:
+        write_json(Path(json_path), to_json(results))
+        terminalreporter.write_line(f"modeldiff: JSON report written to {os.path.abspath(json_path)}")

@@ -1,0 +1,131 @@
+"""The one registry of checks: name, what it measures, direction and default thresholds.
+
+Every other module (thresholds, report, plugin items, README table test) reads this table;
+adding a check means adding one ``Check`` here and one function in ``checks.py``.
+
+Default thresholds depend on the candidate's *quant class* (``quant_class()`` below): a correct
+conversion must pass with the defaults and each class of conversion bug must fail them.
+
+Rationale for the numbers (tiny random-weight models measured by tests/test_calibration.py, and
+llama.cpp's published LLaMA-3-8B figures, ../shared/REFERENCE.md section 4):
+- f32/f16/bf16: llama.cpp keeps its KV cache in f16 and rounds activations, so even an f32 GGUF
+  is not bit-exact against transformers; measured mean KLD stays below 1e-5 for f32/f16 and
+  below 1e-4 for bf16, while the mildest bug class (one layer scaled by 3 %) gives ~1e-3.
+- quantized classes: LLaMA-3-8B mean KLD is q8_0 0.0014, q6_K 0.0055, q5_K_M 0.011,
+  q4_K_M 0.031, q4_0 0.072, q2_K 0.45; small models are roughly 2-5x more sensitive, so the
+  defaults sit at about 5x the published figure (q8 0.01 ... q2 2.0). The structural bugs
+  (rope permutation, tokenizer, metadata) are caught by exact checks or by margins of 10-100x.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOWER = "lower"  # value must be <= threshold
+HIGHER = "higher"  # value must be >= threshold
+EXACT = "exact"  # pass/fail without a number (tokens, vocab, metadata)
+
+QUANT_CLASSES = ("f32", "f16", "bf16", "q8", "q6", "q5", "q4", "q3", "q2", "q1")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    title: str
+    direction: str
+    defaults: dict[str, float] = field(default_factory=dict)
+    unit: str = ""
+
+    @property
+    def has_threshold(self) -> bool:
+        return self.direction != EXACT
+
+    def default_for(self, quant: str) -> float:
+        return self.defaults[quant if quant in self.defaults else "q2"]
+
+
+def _by_class(f32, f16, bf16, q8, q6, q5, q4, q3, q2, q1=None) -> dict[str, float]:
+    values = dict(f32=f32, f16=f16, bf16=bf16, q8=q8, q6=q6, q5=q5, q4=q4, q3=q3, q2=q2)
+    values["q1"] = q2 if q1 is None else q1
+    return values
+
+
+CHECKS: dict[str, Check] = {
+    c.name: c
+    for c in [
+        Check("tokens", "each side's own tokenization of the same text is identical", EXACT),
+        Check("vocab", "vocabulary, merges/scores, special-token ids and add-bos/eos flags", EXACT),
+        Check("metadata", "architecture hyper-parameters (layers, heads, rope, norm eps, ...)", EXACT),
+        Check(
+            "kld",
+            "mean KL(ref || cand) per position, nats",
+            LOWER,
+            _by_class(1e-4, 1e-4, 5e-4, 0.01, 0.03, 0.06, 0.15, 0.5, 2.0),
+        ),
+        Check(
+            "nmse",
+            "mse(cand - ref) / var(ref) over the logits (llama.cpp check-nmse.py)",
+            LOWER,
+            _by_class(1e-4, 1e-4, 5e-4, 5e-3, 0.01, 0.02, 0.05, 0.15, 0.5),
+        ),
+        Check(
+            "max_abs",
+            "largest |cand - ref| logit difference at any position",
+            LOWER,
+            _by_class(0.1, 0.1, 0.3, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+        ),
+        Check(
+            "top10",
+            "mean |top10(ref) & top10(cand)| / 10 (set overlap)",
+            HIGHER,
+            _by_class(0.95, 0.95, 0.9, 0.85, 0.8, 0.75, 0.65, 0.5, 0.3),
+        ),
+        Check(
+            "same_top",
+            "fraction of positions where argmax(cand) == argmax(ref) (ordered top-1 agreement)",
+            HIGHER,
+            _by_class(0.97, 0.97, 0.95, 0.9, 0.85, 0.8, 0.7, 0.5, 0.3),
+        ),
+    ]
+}
+
+# Runtimes by option name -> "module:class"; modules are imported only when chosen.
+RUNNERS = {
+    "hf": "pytest_modeldiff.runners.hf:HFRunner",
+    "llamacpp": "pytest_modeldiff.runners.llamacpp:LlamaCppRunner",
+    "gguf-torch": "pytest_modeldiff.runners.gguf_torch:GGUFTorchRunner",
+    "dump": "pytest_modeldiff.runners.dump:DumpRunner",
+}
+
+# Checks that take a numeric threshold (marker / CLI / ini keys).
+THRESHOLD_KEYS = tuple(name for name, c in CHECKS.items() if c.has_threshold)
+
+
+# GGUF general.file_type names (gguf.LlamaFileType without the MOSTLY_ prefix) and HF dtypes
+# map to a quant class by their nominal bits per weight.
+_PREFIX_CLASS = [
+    ("F32", "f32"), ("ALL_F32", "f32"), ("FLOAT32", "f32"),
+    ("BF16", "bf16"), ("BFLOAT16", "bf16"),
+    ("F16", "f16"), ("FLOAT16", "f16"),
+    ("Q8", "q8"), ("Q6", "q6"), ("Q5", "q5"),
+    ("Q4", "q4"), ("IQ4", "q4"), ("MXFP4", "q4"), ("NVFP4", "q4"),
+    ("Q3", "q3"), ("IQ3", "q3"),
+    ("Q2", "q2"), ("IQ2", "q2"), ("TQ2", "q2"),
+    ("Q1", "q1"), ("IQ1", "q1"), ("TQ1", "q1"),
+]
+
+
+def quant_class(quant_type: str) -> str:
+    """Map a quant type label ("Q4_K_M", "F16", "bfloat16", "int8", "GUESSED") to a class.
+
+    Unknown labels fall back to the loosest class so an exotic type is never judged by
+    f16 thresholds; the report shows the class used so the user can override it.
+    """
+    label = quant_type.upper().removeprefix("MOSTLY_")
+    if label in ("INT8", "8BIT"):
+        return "q8"
+    if label in ("INT4", "4BIT", "NF4", "FP4"):
+        return "q4"
+    for prefix, cls in _PREFIX_CLASS:
+        if label.startswith(prefix):
+            return cls
+    return "q2"

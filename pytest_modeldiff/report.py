@@ -1,0 +1,91 @@
+"""Human and machine output: failure messages, the terminal summary and the JSON report."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from .checks import FAILED, CheckResult, Row
+from .compare import Comparison
+
+
+def table(rows: Iterable[Row]) -> list[str]:
+    """``metric | value | threshold | status`` with aligned columns."""
+    lines = [("metric", "value", "threshold", "status")]
+    lines += [(r.metric, r.value, r.threshold, "ok" if r.passed else "FAIL") for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    out = [" | ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    return out
+
+
+def verdict(result: CheckResult, cmp: Comparison) -> str:
+    word = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED", "error": "ERROR"}[result.status]
+    return (f"modeldiff {result.name} {word}: {cmp.candidate.path.name} ({cmp.candidate.kind}, "
+            f"{cmp.quant_type} -> class {cmp.quant_class}) vs reference {cmp.reference.path.name}")
+
+
+def failure_message(result: CheckResult, cmp: Comparison) -> str:
+    """Verdict line, table, where the threshold came from, worst positions or mismatches, hint."""
+    lines = [verdict(result, cmp), *table(result.rows)]
+    if result.threshold is not None:
+        lines.append(f"threshold {result.threshold.value:g} from {result.threshold.source}")
+    if result.details:
+        lines.append("worst positions:" if result.name not in ("tokens", "vocab", "metadata") else "differences:")
+        lines += [f"  {d}" for d in result.details]
+    if result.hint:
+        lines.append(f"hint: {result.hint}")
+    return "\n".join(lines)
+
+
+def summary(cmp: Comparison, results: list[CheckResult]) -> list[str]:
+    """One table per candidate for the terminal summary."""
+    failed = [r.name for r in results if r.status == FAILED]
+    head = (f"{cmp.candidate.path.name} ({cmp.candidate.kind}, {cmp.quant_type}, class {cmp.quant_class}) "
+            f"vs {cmp.reference.path.name}: " + (f"FAILED {', '.join(failed)}" if failed else "all checks passed"))
+    rows = []
+    for r in results:
+        if r.rows and r.name not in ("tokens", "vocab", "metadata"):
+            rows += r.rows
+        elif r.status in ("skipped", "error"):
+            rows.append(Row(r.name, r.status, r.reason[:60], r.status == "skipped"))
+        else:
+            rows.append(Row(r.name, f"{sum(x.passed for x in r.rows)}/{len(r.rows)} equal", "all equal",
+                            r.status != FAILED))
+    return [head, *table(rows)]
+
+
+def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]]) -> dict:
+    out = {"format": "pytest-modeldiff report v1", "candidates": []}
+    for cmp, results in comparisons.values():
+        out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
+                            "quant_type": cmp.reference.quant_type()}
+        out["candidates"].append({
+            "name": cmp.name, "path": str(cmp.candidate.path), "runner": cmp.candidate.kind,
+            "quant_type": cmp.quant_type, "quant_class": cmp.quant_class,
+            "positions": 0 if cmp.stats is None else len(cmp.stats),
+            "sequences": len(cmp.eval.sequences), "timings": cmp.timings,
+            "checks": [{
+                "name": r.name, "status": r.status, "value": r.value,
+                "threshold": None if r.threshold is None else r.threshold.value,
+                "threshold_source": None if r.threshold is None else r.threshold.source,
+                "rows": [row.__dict__ for row in r.rows], "details": r.details,
+                "reason": r.reason or None, **({"extra": r.extra} if r.extra else {}),
+            } for r in results],
+        })
+    return out
+
+
+def write_json(path: Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_jsonable))
+    os.replace(tmp, path)
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

@@ -1,0 +1,89 @@
+"""The runner interface: everything the comparison engine needs from a model, nothing more.
+
+A runner is cheap to construct (it only validates the path); ``load`` does the heavy work.
+Metrics, checks and the plugin only talk to this interface, so a new runtime is one new module.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+
+@dataclass
+class VocabInfo:
+    tokens: list[str]
+    merges: list[str] | None = None
+    special: dict[str, int | None] = field(default_factory=dict)  # bos, eos, unk, pad
+    add_bos: bool | None = None
+    add_eos: bool | None = None
+    model: str = ""  # tokenizer family ("gpt2" BPE, "llama" SentencePiece, ...)
+
+
+@dataclass
+class FixedSequence:
+    """A token sequence recorded by a dump; text is known when the dump kept its prompt."""
+
+    ids: list[int]
+    text: str | None = None
+
+
+class Runner(ABC):
+    kind: ClassVar[str]
+    # llama.cpp's model-conversion dump prefix for this runtime ("pytorch" or "llamacpp")
+    dump_prefix: ClassVar[str | None] = None
+
+    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
+        self.path = Path(path)
+        self.device = device
+        self.threads = threads
+
+    @property
+    def name(self) -> str:
+        """llama.cpp's naming: the path's base name with a trailing .gguf removed."""
+        name = self.path.name or self.path.resolve().name
+        return name[:-5] if name.endswith(".gguf") else name
+
+    def files(self) -> list[Path]:
+        """The files that define the model (hashed into the dump metadata)."""
+        return sorted(p for p in self.path.iterdir() if p.is_file()) if self.path.is_dir() else [self.path]
+
+    @abstractmethod
+    def load(self, max_tokens: int) -> None:
+        """Load weights and tokenizer; ``max_tokens`` is the longest sequence to be run."""
+
+    @abstractmethod
+    def quant_type(self) -> str:
+        """"F16", "Q4_K_M", "float32", "bfloat16", "int4" ... (see registry.quant_class)."""
+
+    @abstractmethod
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """float32 logits of shape (len(ids), n_vocab); dumps may return only the last row (1, n_vocab)."""
+
+    def tokenize(self, text: str) -> list[int] | None:
+        """The model's own tokenization, special tokens parsed and BOS/EOS added as configured."""
+        return None
+
+    def piece(self, token_id: int) -> str:
+        """Readable text of one token, for failure messages."""
+        return f"<{token_id}>"
+
+    def vocab(self) -> VocabInfo | None:
+        return None
+
+    def hparams(self) -> dict[str, Any] | None:
+        return None
+
+    def fixed_sequences(self) -> list[FixedSequence] | None:
+        """Sequences a dump was recorded on; None for runners that can run any tokens."""
+        return None
+
+    def versions(self) -> dict[str, str]:
+        """Library versions that produced the logits."""
+        return {}
+
+    def close(self) -> None:
+        """Release the model."""

@@ -1,0 +1,54 @@
+"""A GGUF's tensors dequantized with ``gguf`` and run in transformers (float32).
+
+Same weights as the llama.cpp runner, different kernels: if a metric fails here too the error
+is in the weights (conversion or quantization); if it fails only under llama.cpp, in the runtime.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelDiffError
+from ..gguf_file import GGUFFile
+from .base import VocabInfo
+from .hf import TorchCausalLM
+
+
+class GGUFTorchRunner(TorchCausalLM):
+    kind = "gguf-torch"
+
+    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
+        super().__init__(path, device, threads)
+        self.gguf = GGUFFile(self.path)
+
+    def load(self, max_tokens: int) -> None:
+        if self.model is not None:
+            return
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.gguf.reader  # validate before transformers parses it
+        folder, name = self.path.parent, self.path.name
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=name, dtype=torch.float32, local_files_only=True).eval()
+        except Exception as exc:
+            raise ModelDiffError(f"{self.path}: transformers could not load the GGUF: {exc}") from None
+        self.model.to(self.device)
+
+    def quant_type(self) -> str:
+        return self.gguf.quant_type
+
+    def vocab(self) -> VocabInfo:
+        return self.gguf.vocab()
+
+    def hparams(self) -> dict[str, Any]:
+        return self.gguf.hparams()
+
+    def versions(self) -> dict[str, str]:
+        import gguf
+
+        return {**super().versions(), "gguf": getattr(gguf, "__version__", "?")}

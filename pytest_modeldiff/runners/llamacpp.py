@@ -1,0 +1,73 @@
+"""Candidate runner: a GGUF file run by llama.cpp through llama-cpp-python, logits at every position."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ModelDiffError
+from ..gguf_file import GGUFFile
+from .base import Runner, VocabInfo
+
+
+class LlamaCppRunner(Runner):
+    kind = "llamacpp"
+    dump_prefix = "llamacpp"
+
+    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
+        super().__init__(path, device, threads)
+        self.gguf = GGUFFile(self.path)
+        self.llm = None
+
+    def load(self, max_tokens: int) -> None:
+        if self.llm is not None and self.llm.n_ctx() >= max_tokens:
+            return
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise ModelDiffError(
+                "the llamacpp runner needs llama-cpp-python: pip install 'pytest-modeldiff[llamacpp]'") from None
+        self.gguf.reader  # validate (truncation, header) before llama.cpp sees the file
+        n_ctx = max(512, max_tokens)
+        try:
+            self.llm = Llama(
+                model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                logits_all=True, verbose=False, seed=0,
+                n_threads=self.threads or max(1, (os.cpu_count() or 2)),
+                n_gpu_layers=-1 if self.device.startswith("cuda") else 0,
+            )
+        except Exception as exc:
+            raise ModelDiffError(f"{self.path}: llama.cpp could not load the model: {exc}") from None
+
+    def quant_type(self) -> str:
+        return self.gguf.quant_type
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        self.llm.reset()
+        self.llm.eval(list(ids))
+        return np.array(self.llm.scores[: len(ids)], dtype=np.float32)
+
+    def tokenize(self, text: str) -> list[int]:
+        # add_bos=True means "add the special tokens this model's metadata asks for"
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    def piece(self, token_id: int) -> str:
+        return self.llm.detokenize([int(token_id)], special=True).decode("utf-8", errors="replace")
+
+    def vocab(self) -> VocabInfo:
+        return self.gguf.vocab()
+
+    def hparams(self) -> dict[str, Any]:
+        return self.gguf.hparams()
+
+    def versions(self) -> dict[str, str]:
+        import llama_cpp
+
+        return {"llama-cpp-python": llama_cpp.__version__}
+
+    def close(self) -> None:
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
