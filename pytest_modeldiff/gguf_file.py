@@ -25,20 +25,21 @@ class GGUFFile:
             magic = f.read(4)
         if magic != GGUF_MAGIC:
             raise ModelDiffError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        self.reader  # parse the header now (memory-mapped, cheap) so a bad file fails before any run
 
     @cached_property
     def reader(self):
         import gguf
 
+        size = self.path.stat().st_size
         try:
             reader = gguf.GGUFReader(self.path)
-        except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad headers
-            raise ModelDiffError(f"{self.path}: unreadable GGUF header ({exc}); is the file truncated?") from None
-        size = self.path.stat().st_size
+        except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad files
+            raise ModelDiffError(f"{self.path}: truncated or corrupt GGUF, the file has {size} bytes "
+                                 f"(gguf: {exc})") from None
         end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
         if end > size:
-            raise ModelDiffError(
-                f"{self.path}: truncated GGUF: tensor data needs {end} bytes, the file has {size}")
+            raise ModelDiffError(f"{self.path}: truncated GGUF, tensor data needs {end} bytes, the file has {size}")
         return reader
 
     @cached_property

@@ -68,7 +68,7 @@ class _State:
         self.config = config
         self.engine = engine
         self.checks = checks
-        self.results: dict[str, dict] = {}  # candidate key -> check name -> CheckResult
+        self.errors: dict[str, str] = {}  # candidate key -> why it could not be compared
         self._last_progress = 0.0
 
     @classmethod
@@ -136,12 +136,16 @@ class _State:
                 reporter.write_line(f"modeldiff: {message}")
 
     def comparison(self, key: str):
+        """The candidate's comparison; a bad model fails every test that needs it, in one line,
+        and is not retried by each of them."""
         from .errors import ModelDiffError
 
-        try:
-            return self.engine.compare(key)
-        except ModelDiffError as exc:
-            pytest.fail(str(exc), pytrace=False)
+        if key not in self.errors:
+            try:
+                return self.engine.compare(key)
+            except ModelDiffError as exc:
+                self.errors[key] = str(exc)
+        pytest.fail(self.errors[key], pytrace=False)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -186,7 +190,6 @@ class ModelDiffItem(pytest.Item):
         state = self.config.stash[_STATE]
         cmp = state.comparison(self.candidate)
         result = run_check(self.check, cmp, state.engine.thresholds.resolve(cmp.quant_class))
-        state.results.setdefault(self.candidate, {})[self.check] = result
         if result.status == SKIPPED:
             pytest.skip(f"modeldiff {self.check}: {result.reason}")
         if result.status == ERROR:
@@ -249,13 +252,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture
-def modeldiff_candidate(request: pytest.FixtureRequest) -> str:
+def modeldiff_candidate(request: pytest.FixtureRequest) -> str | None:
     """Key of the candidate this test instance checks (the test is parametrized per --cand-model)."""
-    return request.param
+    return getattr(request, "param", None)
 
 
 @pytest.fixture
-def modeldiff(request: pytest.FixtureRequest):
+def modeldiff(request: pytest.FixtureRequest, modeldiff_candidate: str | None):
     """Assertion helpers over the reference-vs-candidate comparison (one instance per candidate).
 
     modeldiff.assert_tokens_equal(), .assert_kld(max=None), .assert_nmse(), .assert_topk_overlap(k=10),
@@ -267,8 +270,7 @@ def modeldiff(request: pytest.FixtureRequest):
         pytest.skip("pytest-modeldiff: no --ref-model given")
     from .assertions import ModelDiffAssertions
 
-    key = request.getfixturevalue("modeldiff_candidate")
-    cmp = state.comparison(key)
+    cmp = state.comparison(modeldiff_candidate)
     marker = _marker_thresholds(request.node)
     return ModelDiffAssertions(cmp, state.engine.thresholds.resolve(cmp.quant_class, marker))
 

@@ -6,15 +6,20 @@ adding a check means adding one ``Check`` here and one function in ``checks.py``
 Default thresholds depend on the candidate's *quant class* (``quant_class()`` below): a correct
 conversion must pass with the defaults and each class of conversion bug must fail them.
 
-Rationale for the numbers (tiny random-weight models measured by tests/test_calibration.py, and
-llama.cpp's published LLaMA-3-8B figures, ../shared/REFERENCE.md section 4):
-- f32/f16/bf16: llama.cpp keeps its KV cache in f16 and rounds activations, so even an f32 GGUF
-  is not bit-exact against transformers; measured mean KLD stays below 1e-5 for f32/f16 and
-  below 1e-4 for bf16, while the mildest bug class (one layer scaled by 3 %) gives ~1e-3.
-- quantized classes: LLaMA-3-8B mean KLD is q8_0 0.0014, q6_K 0.0055, q5_K_M 0.011,
-  q4_K_M 0.031, q4_0 0.072, q2_K 0.45; small models are roughly 2-5x more sensitive, so the
-  defaults sit at about 5x the published figure (q8 0.01 ... q2 2.0). The structural bugs
-  (rope permutation, tokenizer, metadata) are caught by exact checks or by margins of 10-100x.
+Rationale (tests/test_conversions.py measures the tiny fixture model over the built-in prompts;
+llama.cpp's published LLaMA-3-8B figures are in ../shared/REFERENCE.md section 4):
+- f32/f16/bf16: llama.cpp keeps its KV cache in f16, so even an f32 GGUF is not bit-exact against
+  transformers. Measured mean KLD: f32 3e-7, f16 2e-6, bf16 1.1e-4; the mildest bug class (one
+  layer's weights scaled by 3 %) gives 7.7e-3, wrong norm eps 4e-2, wrong rope base 0.24,
+  unpermuted Q/K 0.86. Thresholds sit ~50x above the correct value and ~75x below that bug.
+- quantized: tiny model measured q8_0 KLD 1.1e-3 / same-top 0.96, q4_K_M 0.10 / 0.64 (random
+  weights quantize worse than trained ones and flat distributions flip argmax on near-ties).
+  LLaMA-3-8B: q8_0 0.0014, q6_K 0.0055, q5_K_M 0.011, q4_K_M 0.031, q4_0 0.072, q2_K 0.45 and
+  same-top 97.7 % (q8_0) ... 71 % (q2_K); small models are several times more sensitive. The
+  defaults pass both (about 2x over the tiny model) and still fail gross breakage; tighten them
+  per project with markers, --modeldiff-threshold or the modeldiff_thresholds ini option.
+- max_abs depends on the logit scale of the model (tiny model: logit std 2.4); it is a coarse
+  guard, kld and nmse are the scale-free gates.
 """
 from __future__ import annotations
 
@@ -59,31 +64,31 @@ CHECKS: dict[str, Check] = {
             "kld",
             "mean KL(ref || cand) per position, nats",
             LOWER,
-            _by_class(1e-4, 1e-4, 5e-4, 0.01, 0.03, 0.06, 0.15, 0.5, 2.0),
+            _by_class(1e-4, 1e-4, 5e-4, 0.01, 0.04, 0.08, 0.25, 0.6, 2.0),
         ),
         Check(
             "nmse",
             "mse(cand - ref) / var(ref) over the logits (llama.cpp check-nmse.py)",
             LOWER,
-            _by_class(1e-4, 1e-4, 5e-4, 5e-3, 0.01, 0.02, 0.05, 0.15, 0.5),
+            _by_class(1e-4, 1e-4, 5e-4, 5e-3, 0.015, 0.03, 0.1, 0.25, 0.6),
         ),
         Check(
             "max_abs",
             "largest |cand - ref| logit difference at any position",
             LOWER,
-            _by_class(0.1, 0.1, 0.3, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+            _by_class(0.25, 0.5, 1.0, 1.0, 1.5, 2.5, 5.0, 8.0, 15.0),
         ),
         Check(
             "top10",
             "mean |top10(ref) & top10(cand)| / 10 (set overlap)",
             HIGHER,
-            _by_class(0.95, 0.95, 0.9, 0.85, 0.8, 0.75, 0.65, 0.5, 0.3),
+            _by_class(0.95, 0.95, 0.9, 0.85, 0.8, 0.7, 0.55, 0.45, 0.25),
         ),
         Check(
             "same_top",
             "fraction of positions where argmax(cand) == argmax(ref) (ordered top-1 agreement)",
             HIGHER,
-            _by_class(0.97, 0.97, 0.95, 0.9, 0.85, 0.8, 0.7, 0.5, 0.3),
+            _by_class(0.97, 0.97, 0.95, 0.9, 0.85, 0.75, 0.55, 0.45, 0.25),
         ),
     ]
 }

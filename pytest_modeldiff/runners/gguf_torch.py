@@ -29,7 +29,6 @@ class GGUFTorchRunner(TorchCausalLM):
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        self.gguf.reader  # validate before transformers parses it
         folder, name = self.path.parent, self.path.name
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)

@@ -29,7 +29,6 @@ class LlamaCppRunner(Runner):
         except ImportError:
             raise ModelDiffError(
                 "the llamacpp runner needs llama-cpp-python: pip install 'pytest-modeldiff[llamacpp]'") from None
-        self.gguf.reader  # validate (truncation, header) before llama.cpp sees the file
         n_ctx = max(512, max_tokens)
         try:
             self.llm = Llama(

@@ -1,0 +1,78 @@
+"""Metrics against hand computations and independent implementations (torch)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytest_modeldiff import metrics
+
+rng = np.random.default_rng(0)
+
+
+def test_kl_divergence_by_hand():
+    ref = np.array([0.0, math.log(3.0)])  # p = [1/4, 3/4]
+    cand = np.array([0.0, 0.0])  # q = [1/2, 1/2]
+    expected = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    assert metrics.kl_divergence(ref, cand)[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_kl_divergence_matches_torch_kl_div_and_direction():
+    ref, cand = rng.normal(0, 3, (5, 1000)), rng.normal(0, 3, (5, 1000))
+    # F.kl_div(input=log q, target=log p, log_target=True) = sum p (log p - log q) = KL(p || q)
+    expected = F.kl_div(torch.log_softmax(torch.tensor(cand), -1), torch.log_softmax(torch.tensor(ref), -1),
+                        reduction="none", log_target=True).sum(-1).numpy()
+    np.testing.assert_allclose(metrics.kl_divergence(ref, cand), expected, rtol=1e-10)
+    reverse = metrics.kl_divergence(cand, ref)
+    assert not np.allclose(reverse, expected), "KL is not symmetric: the direction must be ref || cand"
+    assert metrics.kl_divergence(ref, ref) == pytest.approx(np.zeros(5), abs=1e-12)
+
+
+def test_kl_divergence_is_shift_invariant_and_stable_for_large_logits():
+    ref = rng.normal(0, 1, (3, 50))
+    np.testing.assert_allclose(metrics.kl_divergence(ref, ref + 1000.0), 0.0, atol=1e-9)
+
+
+def test_nmse_matches_llama_cpp_formula_and_bands():
+    ref, cand = rng.normal(0, 2, 4096), None
+    cand = ref + rng.normal(0, 0.02, 4096)
+    expected = np.mean((cand - ref) ** 2) / np.var(ref)  # check-nmse.py, verbatim formula
+    assert metrics.nmse(ref, cand) == pytest.approx(expected, rel=1e-9)
+    assert metrics.nmse(ref, ref) == 0.0
+    assert metrics.nmse(np.ones(4), np.zeros(4)) == math.inf
+    assert metrics.nmse_db(1e-3) == pytest.approx(-30.0)
+    assert metrics.nmse_verdict(expected) == "excellent"
+    assert metrics.nmse_verdict(0.05) == "acceptable"
+    assert metrics.nmse_verdict(2.0).startswith("very poor")
+
+
+def test_pooled_nmse_equals_nmse_of_concatenation():
+    ref, cand = rng.normal(1, 2, (6, 300)), rng.normal(1, 2, (6, 300))
+    moments = metrics.logit_moments(ref, cand)
+    pooled = metrics.nmse_pooled(*moments, n_vocab=300)
+    assert pooled == pytest.approx(metrics.nmse(ref.ravel(), cand.ravel()), rel=1e-9)
+    subset = [m[[1, 4]] for m in moments]
+    assert metrics.nmse_pooled(*subset, n_vocab=300) == pytest.approx(
+        metrics.nmse(ref[[1, 4]].ravel(), cand[[1, 4]].ravel()), rel=1e-9)
+
+
+def test_top_k_ids_match_torch_topk():
+    x = rng.normal(0, 1, (7, 5000))
+    np.testing.assert_array_equal(metrics.top_k_ids(x, 10), torch.topk(torch.tensor(x), 10).indices.numpy())
+
+
+def test_topk_overlap_and_agreement_by_hand():
+    ref = np.array([[5.0, 4.0, 3.0, 2.0, 1.0]])
+    swapped = np.array([[4.0, 5.0, 3.0, 2.0, 1.0]])  # same top-2 set, other order
+    other = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    assert metrics.topk_overlap(ref, swapped, k=2)[0] == 1.0
+    assert metrics.topk_agreement(ref, swapped, k=2)[0] == 0.0
+    assert metrics.topk_agreement(ref, swapped, k=3)[0] == 0.0
+    assert metrics.topk_overlap(ref, other, k=2)[0] == 0.0
+    assert metrics.topk_overlap(ref, other, k=3)[0] == pytest.approx(1 / 3)
+    assert metrics.topk_agreement(ref, ref, k=5)[0] == 1.0
+
+
+def test_max_abs_diff():
+    assert metrics.max_abs_diff(np.array([1.0, -2.0, 3.0]), np.array([1.5, -4.0, 3.0]))[0] == 2.0

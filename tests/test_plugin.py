@@ -1,0 +1,200 @@
+"""Plugin behaviour through pytester: options, built-in items, markers, precedence, errors,
+exit codes, terminal summary and JSON report. Runs on the committed demo pair."""
+import json
+import shutil
+
+import pytest
+
+# pytester's in-process runs drop modules first imported inside them; extension modules cannot
+# be imported twice, so everything the engine loads is imported here, outside the runs.
+import llama_cpp  # noqa: F401
+import pyarrow.parquet  # noqa: F401
+import tokenizers  # noqa: F401
+import torch  # noqa: F401
+import transformers.models.llama.modeling_llama  # noqa: F401
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+import pytest_modeldiff.assertions  # noqa: F401
+import pytest_modeldiff.runners.dump  # noqa: F401
+import pytest_modeldiff.runners.hf  # noqa: F401
+import pytest_modeldiff.runners.llamacpp  # noqa: F401
+
+USER_TEST = """
+import pytest
+
+def test_tokens(modeldiff):
+    modeldiff.assert_tokens_equal()
+
+@pytest.mark.modeldiff(kld=1e-12)
+def test_kld_marker_too_tight(modeldiff):
+    modeldiff.assert_kld()
+
+@pytest.mark.modeldiff(kld=1.0)
+def test_kld_marker_loose(modeldiff):
+    modeldiff.assert_kld()
+
+def test_topk(modeldiff):
+    modeldiff.assert_topk_overlap(k=5, min=0.5)
+    modeldiff.assert_nmse()
+    modeldiff.assert_same_top()
+"""
+
+
+@pytest.fixture
+def run(pytester, demo_ref, demo_cand):
+    def run(*args, ref=demo_ref, cand=demo_cand):
+        # PATH=VALUE form: pytest takes bare path-like arguments into account for its rootdir
+        extra = [] if ref is None else [f"--ref-model={ref}"]
+        extra += [] if cand is None else [f"--cand-model={cand}"]
+        return pytester.runpytest("-p", "no:cacheprovider", *extra, *args)
+    return run
+
+
+def test_without_ref_model_the_plugin_stays_out_of_the_way(pytester, run):
+    pytester.makepyfile(USER_TEST)
+    result = run("-rs", ref=None, cand=None)
+    result.assert_outcomes(skipped=4)
+    result.stdout.fnmatch_lines(["*pytest-modeldiff: no --ref-model given*"])
+    assert "modeldiff summary" not in result.stdout.str()
+
+
+def test_builtin_checks_run_with_no_test_file(run):
+    result = run("-v")
+    result.assert_outcomes(passed=8)
+    out = result.stdout.str()
+    for check in ("tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top"):
+        assert f"modeldiff[demo-q8_0]::{check} PASSED" in out
+    result.stdout.fnmatch_lines(["*modeldiff summary*", "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed",
+                                 "metric*| value*| threshold*| status", "kld mean, all * positions*| ok"])
+    assert result.ret == 0
+
+
+def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
+    report = tmp_path / "report.json"
+    result = run("--modeldiff-threshold", "kld=1e-9", "--modeldiff-json", str(report))
+    result.assert_outcomes(passed=7, failed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*modeldiff kld FAILED: demo-q8_0.gguf (llamacpp, Q8_0 -> class q8) vs reference hf",
+        "metric*| value*| threshold*| status",
+        "kld mean, all * positions*<= 1.000e-09*| FAIL",
+        "threshold 1e-09 from --modeldiff-threshold",
+        "worst positions:",
+        "  sequence '*' position * after *: kld *",
+        "hint: *",
+    ])
+    data = json.loads(report.read_text())
+    (cand,) = data["candidates"]
+    checks = {c["name"]: c for c in cand["checks"]}
+    assert set(checks) == {"tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top"}
+    assert checks["kld"]["status"] == "failed" and checks["kld"]["threshold"] == 1e-9
+    assert checks["kld"]["threshold_source"] == "--modeldiff-threshold"
+    assert checks["nmse"]["status"] == "passed" and checks["nmse"]["threshold_source"] == "default (q8)"
+    assert 0 < checks["kld"]["value"] < 0.01
+    assert data["reference"]["runner"] == "hf" and cand["quant_type"] == "Q8_0"
+
+
+def test_marker_beats_cli_beats_ini(pytester, run):
+    pytester.makeini("[pytest]\nmodeldiff_thresholds =\n    nmse=1e-12\n")
+    pytester.makepyfile(USER_TEST)
+    result = run("--modeldiff-checks", "none", "--modeldiff-threshold", "kld=1e-12", "--modeldiff-threshold", "nmse=1")
+    # kld: marker 1e-12 fails, marker 1.0 wins over the CLI's 1e-12; nmse: CLI 1 wins over ini 1e-12
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*test_kld_marker_too_tight[[]demo-q8_0[]]*", "*threshold 1e-12 from marker*"])
+
+
+def test_ini_threshold_applies_when_no_cli(pytester, run):
+    pytester.makeini("[pytest]\nmodeldiff_thresholds = max_abs=1e-6\n")
+    result = run("-k", "max_abs")
+    result.assert_outcomes(failed=1, deselected=7)
+    result.stdout.fnmatch_lines(["*threshold 1e-06 from ini modeldiff_thresholds*"])
+
+
+def test_unknown_marker_key_is_an_error_naming_the_key(pytester, run):
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.modeldiff(kdl=0.1)
+        def test_x(modeldiff):
+            modeldiff.assert_kld()
+    """)
+    for args in ((), ("--modeldiff-checks", "none")):
+        result = run(*args, ref=None, cand=None) if not args else run(*args)
+        result.assert_outcomes(errors=1)
+        result.stdout.fnmatch_lines(["*unknown threshold key 'kdl' in @pytest.mark.modeldiff on *test_x*known keys*"])
+        assert "Traceback" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--modeldiff-threshold", "kdl=1"], "ERROR: unknown threshold key 'kdl' in --modeldiff-threshold*"),
+    (["--modeldiff-checks", "kld,bogus"], "ERROR: --modeldiff-checks: unknown check(s) bogus*"),
+    (["--eval-length", "0"], "ERROR: --eval-length must be >= 1, got 0"),
+])
+def test_usage_errors_exit_4_with_one_line(run, args, message):
+    result = run(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_missing_and_wrong_files_are_named(run, tmp_path, demo_cand):
+    result = run(cand=tmp_path / "nope.gguf")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {tmp_path / 'nope.gguf'}: no such file or directory"])
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"PK\x03\x04 this is a zip")
+    result = run(cand=fake)
+    result.stderr.fnmatch_lines([f"ERROR: {fake}: not a GGUF file (starts with b'PK\\x03\\x04', expected b'GGUF')"])
+
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(demo_cand.read_bytes()[: demo_cand.stat().st_size // 2])
+    result = run(cand=truncated)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {truncated}: truncated * GGUF, the file has * bytes*"])
+
+    result = run(cand=None)
+    result.stderr.fnmatch_lines(["ERROR: --ref-model needs at least one --cand-model*"])
+
+
+def test_two_candidates_parametrize_tests_and_items(pytester, run, demo_ref, demo_cand, tmp_path):
+    second = tmp_path / "copy-q8_0.gguf"
+    shutil.copy(demo_cand, second)
+    pytester.makepyfile("def test_t(modeldiff):\n    modeldiff.assert_kld()\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v", f"--ref-model={demo_ref}",
+                                f"--cand-model={demo_cand}", f"--cand-model={second}")
+    result.assert_outcomes(passed=18)
+    result.stdout.fnmatch_lines(["*test_t[[]demo-q8_0[]] PASSED*", "*test_t[[]copy-q8_0[]] PASSED*",
+                                 "*modeldiff[[]copy-q8_0[]]::same_top PASSED*"])
+
+
+def test_dump_dir_writes_llama_cpp_files(run, tmp_path):
+    out = tmp_path / "data"
+    result = run("--modeldiff-dump-dir", str(out), "--modeldiff-checks", "kld")
+    result.assert_outcomes(passed=1)
+    names = {p.name for p in out.iterdir()}
+    for prefix in ("pytorch-hf", "llamacpp-demo-q8_0"):
+        assert {f"{prefix}.bin", f"{prefix}.txt", f"{prefix}-tokens.bin", f"{prefix}-prompt.txt",
+                f"{prefix}-all.bin", f"{prefix}-all-tokens.bin", f"{prefix}-all.json"} <= names
+    assert not [n for n in names if n.endswith(".tmp")]
+    meta = json.loads((out / "llamacpp-demo-q8_0-all.json").read_text())
+    assert meta["n_vocab"] == 49152 and len(meta["model_files_sha256"]) == 1
+    assert "llama-cpp-python" in meta["versions"] and meta["settings"]["eval_length"] == 256
+
+
+def test_dump_candidate_with_nan_and_wrong_size(pytester, run, tmp_path, demo_ref):
+    import numpy as np
+
+    tokens = np.array([19556, 28, 957, 1462, 314], dtype=np.int32)
+    (tmp_path / "llamacpp-bad-tokens.bin").write_bytes(tokens.tobytes())
+    logits = np.zeros(49152, dtype=np.float32)
+    logits[7] = np.nan
+    (tmp_path / "llamacpp-bad.bin").write_bytes(logits.tobytes())
+    result = run("--modeldiff-checks", "kld,vocab", cand=tmp_path / "llamacpp-bad.bin")
+    result.assert_outcomes(failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*the candidate produced NaN/Inf logits at 1 of 1 positions*"])
+
+    (tmp_path / "llamacpp-bad.bin").write_bytes(np.zeros(49153, dtype=np.float32).tobytes())
+    result = run("--modeldiff-checks", "kld", cand=tmp_path / "llamacpp-bad.bin")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*vocabulary size mismatch: *llamacpp-bad.bin gives 49153 logits per position, "
+                                 "*hf gives 49152*"])
+    assert "Traceback" not in result.stdout.str()

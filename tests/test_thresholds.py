@@ -1,0 +1,58 @@
+"""Threshold parsing and precedence: marker > CLI > ini > default; errors name key and source."""
+import pytest
+
+from pytest_modeldiff.errors import ModelDiffUsageError
+from pytest_modeldiff.registry import CHECKS, QUANT_CLASSES, THRESHOLD_KEYS, quant_class
+from pytest_modeldiff.thresholds import Thresholds, parse_assignments, validate
+
+
+def test_precedence_marker_cli_ini_default():
+    t = Thresholds(cli=["kld=0.2", "nmse=0.3"], ini=["kld=0.5", "nmse=0.6", "max_abs=7"])
+    resolved = t.resolve("q4", marker={"kld": 0.1})
+    assert (resolved["kld"].value, resolved["kld"].source) == (0.1, "marker")
+    assert (resolved["nmse"].value, resolved["nmse"].source) == (0.3, "--modeldiff-threshold")
+    assert (resolved["max_abs"].value, resolved["max_abs"].source) == (7.0, "ini modeldiff_thresholds")
+    assert resolved["top10"].value == CHECKS["top10"].defaults["q4"]
+    assert resolved["top10"].source == "default (q4)"
+
+
+def test_defaults_follow_the_candidate_class():
+    t = Thresholds()
+    assert t.resolve("f16")["kld"].value < t.resolve("q8")["kld"].value < t.resolve("q4")["kld"].value
+    assert t.resolve("f16")["same_top"].value > t.resolve("q4")["same_top"].value
+
+
+@pytest.mark.parametrize("entries, message", [
+    (["kdl=0.1"], "unknown threshold key 'kdl' in --modeldiff-threshold"),
+    (["kld=abc"], "threshold kld='abc' in --modeldiff-threshold is not a number"),
+    (["kld"], "expected KEY=VALUE"),
+    (["kld=-1"], "must be a number >= 0"),
+    (["top10=1.5"], "is a fraction and must be <= 1"),
+])
+def test_bad_cli_values_name_key_and_source(entries, message):
+    with pytest.raises(ModelDiffUsageError, match=message.replace("(", r"\(")):
+        parse_assignments(entries, "--modeldiff-threshold")
+
+
+def test_ini_lines_and_commas():
+    assert parse_assignments(["kld=0.1, nmse=0.2", "top10=0.5"], "ini") == {"kld": 0.1, "nmse": 0.2, "top10": 0.5}
+
+
+def test_marker_validation_names_marker():
+    with pytest.raises(ModelDiffUsageError, match="in @pytest.mark.modeldiff on t.py::x; known keys"):
+        validate({"kdl": 0.1}, "@pytest.mark.modeldiff on t.py::x")
+
+
+@pytest.mark.parametrize("label, cls", [
+    ("F32", "f32"), ("F16", "f16"), ("BF16", "bf16"), ("Q8_0", "q8"), ("Q6_K", "q6"), ("Q5_K_M", "q5"),
+    ("Q4_K_M", "q4"), ("Q4_0", "q4"), ("IQ4_XS", "q4"), ("Q3_K_S", "q3"), ("Q2_K", "q2"), ("IQ1_M", "q1"),
+    ("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"), ("int8", "q8"), ("int4", "q4"),
+    ("GUESSED", "q2"), ("something-new", "q2"),
+])
+def test_quant_class(label, cls):
+    assert quant_class(label) == cls
+
+
+def test_every_threshold_check_has_a_default_for_every_class():
+    for key in THRESHOLD_KEYS:
+        assert set(QUANT_CLASSES) <= set(CHECKS[key].defaults), key
