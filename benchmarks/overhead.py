@@ -21,6 +21,7 @@ import argparse
 import cProfile
 import inspect
 import json
+import os
 import pstats
 import resource
 import statistics
@@ -99,6 +100,12 @@ def pair_paths(name: str) -> tuple[Path, Path]:
     return folder / "hf", folder / f"tiny-{name.partition('-')[2] or 'q8_0'}.gguf"
 
 
+def _seconds(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
 def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     from pytest_modeldiff import report
     from pytest_modeldiff.checks import run_checks
@@ -109,9 +116,15 @@ def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     t0 = time.perf_counter()
     md = ModelDiff(ref_path, [cand_path], Settings(dump_dir=dump_dir, **settings))
     key = next(iter(md.candidates))
-    for runner in (md.reference, md.candidates[key]):
+    ref, cand = md.reference, md.candidates[key]
+    for runner in (ref, cand):
         for attr, bucket in (("load", "load"), ("logits", "forward"), ("tokenize", "tokenize"), ("vocab", "vocab")):
             b.patch(runner, attr, bucket)
+    sequences = md.eval_input().sequences  # loads the reference; compare reuses both
+    cand.load(max(len(seq.ids) for seq in sequences))  # compare closes the candidate when done
+    paused = time.perf_counter()  # the bare forward passes, outside the engine and outside total
+    bare = sum(_seconds(type(r).logits, r, seq.ids) for seq in sequences for r in (ref, cand))
+    t0 += time.perf_counter() - paused
     cmp = md.compare(key)
     results = b.wrap("checks", run_checks)(cmp, md.thresholds.resolve(cmp.quant_class))
 
@@ -122,14 +135,8 @@ def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     b.wrap("report", write_report)()
     total = time.perf_counter() - t0
     engine_forward = cmp.timings["reference_forward_s"] + cmp.timings["candidate_forward_s"]
-    buckets = {k: b.seconds[k] for k in BUCKETS}  # before the cross-check below adds to "forward"
+    buckets = {k: b.seconds[k] for k in BUCKETS}
     buckets["other (engine glue)"] = total - sum(buckets.values())
-    bare = 0.0  # the same forward passes again, outside the engine (the runners are still loaded)
-    for seq in md.eval_input().sequences:
-        for runner in (md.reference, md.candidates[key]):
-            t1 = time.perf_counter()
-            runner.logits(seq.ids)
-            bare += time.perf_counter() - t1
     md.close()
     load = buckets["load"]
     return {"n_sequences": len(cmp.eval.sequences), "n_positions": len(cmp.stats) if cmp.stats is not None else 0,
@@ -184,6 +191,8 @@ def main() -> None:
     ap.add_argument("--eval-text", help="UTF-8 text file to evaluate on, or 'repo' (default: built-in prompts)")
     ap.add_argument("--runs", type=int, default=3, help="measured runs per pair, after one warm-up (median)")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run per pair (printed to stderr)")
+    ap.add_argument("--omp-passive", action="store_true",
+                    help="run the pairs with OMP_WAIT_POLICY=PASSIVE (no OpenMP busy-waiting between torch and llama.cpp)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: measure one pair in this process
     args = ap.parse_args()
@@ -192,12 +201,14 @@ def main() -> None:
         return worker(args)
     if args.eval_text == "repo":
         args.eval_text = str(repo_text())
-    out = {"import": import_cost(), "pairs": []}
+    out = {"import": import_cost(), "omp_wait_policy": "PASSIVE" if args.omp_passive else os.environ.get("OMP_WAIT_POLICY"),
+           "pairs": []}
     for pair in args.pairs.split(","):
         cmd = [sys.executable, __file__, "--worker", pair, "--eval-length", str(args.eval_length),
                "--eval-rows", str(args.eval_rows), "--runs", str(args.runs)]
         cmd += (["--eval-text", args.eval_text] if args.eval_text else []) + (["--profile"] if args.profile else [])
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)  # stderr (profile) passes through
+        env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1", **({"OMP_WAIT_POLICY": "PASSIVE"} if args.omp_passive else {})}
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)  # stderr (profile) passes through
         out["pairs"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
 
     head = ("pair", "n seq", "n pos", "load s", "forward s (ref+cand)", "overhead s", "overhead/forward %", "peak RSS MB")

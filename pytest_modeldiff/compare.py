@@ -244,6 +244,7 @@ class ModelDiff:
             cmp.n_vocab = int(ref_store.n_vocab)
         if writer:
             self._finish_dumps(cand, writer, last_row, qtype)
+        cand.close()  # weights are not needed any more; tokenizer and vocab stay available
         total = time.perf_counter() - started
         cmp.timings = {"reference_forward_s": ref_store.seconds, "candidate_forward_s": cand_seconds,
                        "comparison_s": total, "overhead_s": max(0.0, total - cand_seconds)}

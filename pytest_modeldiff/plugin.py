@@ -133,6 +133,8 @@ class _State:
             self._last_progress = now
             capture = self.config.pluginmanager.get_plugin("capturemanager")
             with capture.global_and_fixture_disabled():  # to the terminal, not the test's captured output
+                if reporter._tw.width_of_current_line:  # after a row of progress dots
+                    reporter._tw.line()
                 reporter.write_line(f"modeldiff: {message}")
 
     def comparison(self, key: str):

@@ -86,4 +86,4 @@ class Runner(ABC):
         return {}
 
     def close(self) -> None:
-        """Release the model."""
+        """Release the weights; tokenize, piece, vocab and hparams keep working."""

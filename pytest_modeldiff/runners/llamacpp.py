@@ -22,8 +22,9 @@ class LlamaCppRunner(Runner):
         self.llm = None
 
     def load(self, max_tokens: int) -> None:
-        if self.llm is not None and self.llm.n_ctx() >= max_tokens:
+        if self.llm is not None and not self.llm.model_params.vocab_only and self.llm.n_ctx() >= max_tokens:
             return
+        self.close()
         try:
             from llama_cpp import Llama
         except ImportError:
@@ -48,12 +49,20 @@ class LlamaCppRunner(Runner):
         self.llm.eval(list(ids))
         return np.array(self.llm.scores[: len(ids)], dtype=np.float32)
 
+    def _vocab_model(self):
+        """The loaded model, or after ``close`` a vocabulary-only one (for failure messages)."""
+        if self.llm is None:
+            from llama_cpp import Llama
+
+            self.llm = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
+        return self.llm
+
     def tokenize(self, text: str) -> list[int]:
         # add_bos=True means "add the special tokens this model's metadata asks for"
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+        return list(self._vocab_model().tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
     def piece(self, token_id: int) -> str:
-        return self.llm.detokenize([int(token_id)], special=True).decode("utf-8", errors="replace")
+        return self._vocab_model().detokenize([int(token_id)], special=True).decode("utf-8", errors="replace")
 
     def vocab(self) -> VocabInfo:
         return self.gguf.vocab()

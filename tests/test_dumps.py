@@ -1,0 +1,94 @@
+"""llama.cpp-compatible dumps: llama.cpp's own scripts read ours unchanged, and the dump runner
+reads both theirs and ours back."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pytest_modeldiff import dumps
+from pytest_modeldiff.checks import PASSED, SKIPPED, run_checks
+from pytest_modeldiff.compare import ModelDiff, Settings
+from pytest_modeldiff.errors import ModelDiffError
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory, demo_ref, demo_cand):
+    data = tmp_path_factory.mktemp("run") / "data"
+    md = ModelDiff(demo_ref, [demo_cand], Settings(dump_dir=data))
+    md.compare("demo-q8_0")
+    md.close()
+    return data
+
+
+def test_llama_cpp_compare_scripts_accept_our_dumps(dumped, demo_ref, demo_cand):
+    import build
+
+    scripts = build.llama_cpp_scripts()
+    env = {**os.environ, "MODEL_PATH": str(demo_ref), "CONVERTED_MODEL": str(demo_cand)}
+    cwd = dumped.parent  # the scripts read ./data/
+    compare = subprocess.run([sys.executable, str(scripts / "causal" / "compare-logits.py")],
+                             cwd=cwd, env=env, capture_output=True, text=True)
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+    assert "All 5 tokens match" in compare.stdout and "OK: Lightweight model check successful" in compare.stdout
+    nmse = subprocess.run([sys.executable, str(scripts / "utils" / "check-nmse.py"), "-m", str(demo_ref)],
+                          cwd=cwd, env=env, capture_output=True, text=True)
+    assert nmse.returncode == 0, nmse.stdout + nmse.stderr
+    assert "RESULT: PASS" in nmse.stdout
+
+
+def test_dump_files_and_formats(dumped):
+    row = np.fromfile(dumped / "pytorch-hf.bin", dtype=np.float32)
+    assert row.shape == (49152,)
+    first_txt = (dumped / "pytorch-hf.txt").read_text().splitlines()[0]
+    assert first_txt == f"0: {row[0]:.6f}"
+    prompt = (dumped / "pytorch-hf-prompt.txt").read_text()
+    assert prompt.startswith("prompt: Hello, my name is\nn_tokens: 5\ntoken ids: ")
+    logits, seqs, texts, n_vocab = dumps.read_dump(dumped / "llamacpp-demo-q8_0-all.bin")
+    assert n_vocab == 49152 and len(seqs) == 7 and logits.shape == (sum(map(len, seqs)), 49152)
+    assert texts[0] == "Hello, my name is"
+    meta = json.loads((dumped / "pytorch-hf-all.json").read_text())
+    assert set(meta) >= {"n_vocab", "sequence_lengths", "model_files_sha256", "versions", "settings"}
+
+
+@pytest.mark.parametrize("cand", ["llamacpp-demo-q8_0.bin", "llamacpp-demo-q8_0-all.bin"])
+def test_dumps_as_candidates_against_the_live_reference(dumped, demo_ref, cand):
+    md = ModelDiff(demo_ref, [dumped / cand])
+    try:
+        cmp = md.compare(cand[:-4])
+        assert cmp.quant_type == "Q8_0"
+        results = {r.name: r for r in run_checks(cmp, md.thresholds.resolve(cmp.quant_class))}
+        assert results["kld"].status == PASSED and results["tokens"].status == PASSED
+        assert results["vocab"].status == SKIPPED and "carries no vocabulary" in results["vocab"].reason
+        if cand.endswith("-all.bin"):  # ours: every position of the 7 built-in prompts
+            assert len(cmp.eval.sequences) == 7 and len(cmp.stats) == sum(len(s.ids) for s in cmp.eval.sequences)
+        else:  # llama.cpp's: one prompt, last position only
+            assert len(cmp.eval.sequences) == 1 and len(cmp.stats) == 1
+    finally:
+        md.close()
+
+
+def test_two_llama_cpp_dumps_compare_without_any_model(dumped):
+    md = ModelDiff(dumped / "pytorch-hf.bin", [dumped / "llamacpp-demo-q8_0.bin"])
+    cmp = md.compare("llamacpp-demo-q8_0")
+    results = {r.name: r.status for r in run_checks(cmp, md.thresholds.resolve(cmp.quant_class))}
+    assert results["tokens"] == PASSED and results["nmse"] == PASSED and len(cmp.stats) == 1
+
+
+def test_bad_dumps_name_the_file_and_the_problem(tmp_path, dumped):
+    bad = tmp_path / "x.bin"
+    bad.write_bytes(b"\0" * 10)
+    (tmp_path / "x-tokens.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ModelDiffError, match=r"x.bin: 10 bytes is not a whole number of 4-byte values"):
+        dumps.read_dump(bad)
+    (tmp_path / "y.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ModelDiffError, match=r"y-tokens.bin: dump file missing"):
+        dumps.read_dump(tmp_path / "y.bin")
+    # an all-positions dump cut short no longer matches its json
+    for suffix in ("-all-tokens.bin", "-all.json"):
+        (tmp_path / f"z{suffix}").write_bytes((dumped / f"pytorch-hf{suffix}").read_bytes())
+    (tmp_path / "z-all.bin").write_bytes((dumped / "pytorch-hf-all.bin").read_bytes()[:-4 * 49152])
+    with pytest.raises(ModelDiffError, match=r"z-all.bin: \d+ floats is not \d+ positions x 49152 vocabulary"):
+        dumps.read_dump(tmp_path / "z-all.bin")
