@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = Path(tempfile.gettempdir()) / "bench_scratch"
 HEAVY = ("torch", "transformers", "llama_cpp", "numpy")
-BUCKETS = ("load", "forward", "tokenize", "vocab", "eval input", "reference store", "metrics",
+BUCKETS = ("load", "forward", "gguf metadata", "tokenize", "vocab", "eval input", "reference store", "metrics",
            "dumps", "checks", "report")
 
 
@@ -147,10 +147,13 @@ def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
 
 def worker(args) -> None:
     """One pair, in its own process: warm-up, --runs measured runs, optional profile; JSON on stdout."""
+    import gguf
+
     from pytest_modeldiff import compare, dumps
 
     b = Buckets()
-    for owner, attr, bucket in ((compare.ModelDiff, "_build_eval_input", "eval input"),
+    for owner, attr, bucket in ((gguf.GGUFReader, "__init__", "gguf metadata"), (gguf.ReaderField, "contents", "gguf metadata"),
+                                (compare.ModelDiff, "_build_eval_input", "eval input"),
                                 (compare._ReferenceStore, "run", "reference store"),
                                 (compare._ReferenceStore, "rows", "reference store"),
                                 (compare.PositionStats, "measure", "metrics"), (compare.PositionStats, "concat", "metrics"),

@@ -3,6 +3,20 @@ from pathlib import Path
 
 import pytest
 
+# pytester's in-process runs drop modules first imported inside them; extension modules cannot
+# be imported twice, so everything the engine loads is imported here, outside the runs.
+import llama_cpp  # noqa: F401
+import pyarrow.parquet  # noqa: F401
+import tokenizers  # noqa: F401
+import torch  # noqa: F401
+import transformers.models.llama.modeling_llama  # noqa: F401
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+import pytest_modeldiff.assertions  # noqa: F401
+import pytest_modeldiff.runners.dump  # noqa: F401
+import pytest_modeldiff.runners.hf  # noqa: F401
+import pytest_modeldiff.runners.llamacpp  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "fixtures" / "demo"
 

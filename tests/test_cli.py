@@ -1,0 +1,23 @@
+"""`python -m pytest_modeldiff`: the engine without pytest, same tables, exit codes 0/1/2."""
+import json
+import subprocess
+import sys
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "pytest_modeldiff", *map(str, args)], capture_output=True, text=True)
+
+
+def test_cli_passes_and_fails_with_exit_codes(demo_ref, demo_cand, tmp_path):
+    ok = run("--ref-model", demo_ref, "--cand-model", demo_cand, "--checks", "tokens,kld", "--json", tmp_path / "r.json")
+    assert ok.returncode == 0, ok.stderr
+    assert "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed" in ok.stdout
+    assert [c["name"] for c in json.loads((tmp_path / "r.json").read_text())["candidates"][0]["checks"]] == ["tokens", "kld"]
+    bad = run("--ref-model", demo_ref, "--cand-model", demo_cand, "--checks", "kld", "--threshold", "kld=1e-12")
+    assert bad.returncode == 1 and "modeldiff kld FAILED" in bad.stdout and "threshold 1e-12 from --modeldiff-threshold" in bad.stdout
+
+
+def test_cli_bad_input_exits_2_with_one_line(demo_ref, tmp_path):
+    result = run("--ref-model", demo_ref, "--cand-model", tmp_path / "missing.gguf")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'missing.gguf'}: no such file or directory"

@@ -1,0 +1,49 @@
+"""The README's examples run, and its check table is the registry's."""
+import re
+from pathlib import Path
+
+from pytest_modeldiff.registry import CHECKS, HIGHER, LOWER
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+CLASSES = ["f32", "f16", "bf16", "q8", "q6", "q5", "q4", "q3", "q2"]
+
+
+def python_blocks():
+    return re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+def test_check_table_matches_registry():
+    table = README.split("<!-- checks-table")[1].split("<!-- end checks-table -->")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith(("| check", "| ---"))]
+    assert [r.split("|")[1].strip() for r in rows] == list(CHECKS)
+    for row in rows:
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        check = CHECKS[cells[0]]
+        assert cells[1] == check.title.replace("\\|", "|")
+        assert cells[2] == {LOWER: "<=", HIGHER: ">="}.get(check.direction, "equal")
+        if check.has_threshold:
+            assert [float(c) for c in cells[3:]] == [check.defaults[c] for c in CLASSES], cells[0]
+
+
+def test_fixture_and_marker_example_runs(pytester, demo_ref, demo_cand):
+    example = next(b for b in python_blocks() if "def test_quality(modeldiff)" in b)
+    pytester.makepyfile(test_my_conversion=example)
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
+                                "--modeldiff-checks=none")
+    result.assert_outcomes(passed=2)
+
+
+def test_python_api_example_runs(capsys):
+    example = next(b for b in python_blocks() if "from pytest_modeldiff import ModelDiff" in b)
+    exec(compile(example, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "kld passed" in out and "tokens passed" in out
+
+
+def test_setup_commands_name_the_demo_pair_and_the_suite():
+    commands = [line.strip() for line in README.split("## Set-up")[1].split("## Usage")[0].splitlines()
+                if line.startswith("    pip install")]
+    assert len(commands) == 2
+    assert "--ref-model=fixtures/demo/hf" in commands[0] and "--cand-model=fixtures/demo/demo-q8_0.gguf" in commands[0]
+    assert commands[1].endswith('pip install -e ".[test]" && pytest')
+    assert Path(__file__).resolve().parent.parent.joinpath(".ci/run").read_text().count('pip install -e ".[test]"') == 1
