@@ -291,7 +291,7 @@ def _all_results(state: _State) -> dict:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
-    if state is None or not state.engine.computed():
+    if state is None or not (state.engine.computed() or state.errors):
         return
     from .report import summary, to_json, write_json
 
@@ -301,7 +301,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for line in summary(cmp, checks):
             terminalreporter.write_line(line)
         terminalreporter.write_line("")
+    for key, message in state.errors.items():
+        terminalreporter.write_line(f"{key}: not compared: {message}", red=True)
     json_path = config.getoption("--modeldiff-json") or config.getini("modeldiff_json")
     if json_path:
-        write_json(Path(json_path), to_json(results))
+        write_json(Path(json_path), to_json(results, state.errors))
         terminalreporter.write_line(f"modeldiff: JSON report written to {os.path.abspath(json_path)}")

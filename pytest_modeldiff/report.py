@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Iterable
@@ -56,7 +57,8 @@ def summary(cmp: Comparison, results: list[CheckResult]) -> list[str]:
     return [head, *table(rows)]
 
 
-def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]]) -> dict:
+def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], errors: dict[str, str] | None = None) -> dict:
+    """Every compared candidate's checks; candidates that could not be compared carry "error"."""
     out = {"format": "pytest-modeldiff report v1", "candidates": []}
     for cmp, results in comparisons.values():
         out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
@@ -74,18 +76,27 @@ def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]]) -> dic
                 "reason": r.reason or None, **({"extra": r.extra} if r.extra else {}),
             } for r in results],
         })
-    return out
+    for name, message in (errors or {}).items():
+        out["candidates"].append({"name": name, "error": message})
+    return _finite(out)
+
+
+def _finite(value):
+    """Strict JSON: NaN/Inf (NaN logits, a perfect NMSE's -inf dB) become strings."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_json(path: Path, data: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_jsonable))
+    tmp.write_text(json.dumps(data, indent=2, default=str, allow_nan=False))
     os.replace(tmp, path)
-
-
-def _jsonable(value):
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)

@@ -175,13 +175,19 @@ def test_dump_candidate_with_nan_and_wrong_size(pytester, run, tmp_path, demo_re
     logits = np.zeros(49152, dtype=np.float32)
     logits[7] = np.nan
     (tmp_path / "llamacpp-bad.bin").write_bytes(logits.tobytes())
-    result = run("--modeldiff-checks", "kld,vocab", cand=tmp_path / "llamacpp-bad.bin")
+    report = tmp_path / "r.json"
+    result = run("--modeldiff-checks", "kld,vocab", f"--modeldiff-json={report}", cand=tmp_path / "llamacpp-bad.bin")
     result.assert_outcomes(failed=1, skipped=1)
     result.stdout.fnmatch_lines(["*the candidate produced NaN/Inf logits at 1 of 1 positions*"])
+    checks = {c["name"]: c for c in json.loads(report.read_text())["candidates"][0]["checks"]}  # strict JSON
+    assert checks["kld"]["value"] == "nan" and checks["kld"]["status"] == "failed"
 
     (tmp_path / "llamacpp-bad.bin").write_bytes(np.zeros(49153, dtype=np.float32).tobytes())
-    result = run("--modeldiff-checks", "kld", cand=tmp_path / "llamacpp-bad.bin")
+    result = run("--modeldiff-checks", "kld", f"--modeldiff-json={report}", cand=tmp_path / "llamacpp-bad.bin")
     result.assert_outcomes(failed=1)
+    (entry,) = json.loads(report.read_text())["candidates"]
+    kld = next(c for c in entry["checks"] if c["name"] == "kld")
+    assert kld["status"] == "error" and kld["reason"].startswith("vocabulary size mismatch: ")
     result.stdout.fnmatch_lines(["*vocabulary size mismatch: *llamacpp-bad.bin gives 49153 logits per position, "
                                  "*hf gives 49152*"])
     assert "Traceback" not in result.stdout.str()

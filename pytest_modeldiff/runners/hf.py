@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -106,7 +107,8 @@ class HFRunner(TorchCausalLM):
     def hparams(self) -> dict[str, Any]:
         return mapping.from_hf_config(self.config)
 
-    def vocab(self) -> VocabInfo:
+    @cached_property
+    def _vocab(self) -> VocabInfo:
         tok = self.tokenizer
         tokens = tok.convert_ids_to_tokens(list(range(len(tok))))
         adds_bos, adds_eos = self._special_flags()
@@ -119,6 +121,9 @@ class HFRunner(TorchCausalLM):
             add_eos=adds_eos,
             model=self._tokenizer_model(),
         )
+
+    def vocab(self) -> VocabInfo:
+        return self._vocab
 
     def _tokenizer_json(self) -> dict:
         path = self.path / "tokenizer.json"
