@@ -2,18 +2,16 @@
 """How much time pytest-modeldiff itself adds on top of the two models' forward passes.
 
     python benchmarks/overhead.py [--pairs demo,tiny] [--eval-length N] [--eval-text FILE|repo]
-                                  [--eval-rows N] [--runs 3] [--profile] [--json PATH]
+                                  [--eval-rows N] [--runs 3] [--omp-passive] [--profile] [--json PATH]
 
-1. Import cost: which heavy modules `import pytest_modeldiff.plugin` pulls in (expect none) and
-   the wall time of `pytest --version` with and without the plugin.
-2. Per model pair, in a fresh subprocess (so peak RSS is that pair's own): one warm-up run, then
-   the median of --runs runs of ModelDiff.compare + run_checks + report (dumps on). Every run is
-   timed as a whole and split, by wrapping the engine's functions, into exclusive buckets (a
-   bucket never counts time spent in another wrapped call). overhead = total - loads - forwards,
-   forwards as the engine measures them (cmp.timings). The bare forward passes over the same
-   sequences are timed again outside the engine as a cross-check.
-Pairs: demo (fixtures/demo: bf16 HF vs q8_0 GGUF) and tiny[-QTYPE] (fixtures/build.py tiny set,
-default q8_0). --eval-text repo concatenates this repository's README and .py files.
+1. Import cost: the heavy modules `import pytest_modeldiff.plugin` pulls in (expect none) and the
+   wall time of `pytest --version` with and without the plugin.
+2. Per pair, in a fresh subprocess (peak RSS is that pair's own): one warm-up run, then the median
+   of --runs runs of ModelDiff.compare + run_checks + report, dumps on. overhead = total - loads -
+   forwards (forwards as the engine records them in cmp.timings); the bare forward passes over the
+   same sequences are timed again outside the engine as a cross-check. Wrapping the engine's
+   functions splits each run into exclusive buckets (no bucket counts another wrapped call's time).
+Pairs: demo (fixtures/demo: bf16 HF vs q8_0 GGUF), tiny[-QTYPE] (fixtures/build.py, default q8_0).
 """
 from __future__ import annotations
 
@@ -37,6 +35,16 @@ SCRATCH = Path(tempfile.gettempdir()) / "bench_scratch"
 HEAVY = ("torch", "transformers", "llama_cpp", "numpy")
 BUCKETS = ("load", "forward", "gguf metadata", "tokenize", "vocab", "eval input", "reference store", "metrics",
            "dumps", "checks", "report")
+ENGINE_BUCKETS = [  # (module, class, method, bucket); runner methods are wrapped per instance in one_run
+    ("gguf", "GGUFReader", "__init__", "gguf metadata"), ("gguf", "ReaderField", "contents", "gguf metadata"),
+    ("pytest_modeldiff.compare", "ModelDiff", "_build_eval_input", "eval input"),
+    ("pytest_modeldiff.compare", "_ReferenceStore", "run", "reference store"),
+    ("pytest_modeldiff.compare", "_ReferenceStore", "rows", "reference store"),
+    ("pytest_modeldiff.compare", "PositionStats", "measure", "metrics"),
+    ("pytest_modeldiff.compare", "PositionStats", "concat", "metrics"),
+    ("pytest_modeldiff.dumps", "AllPositionsWriter", "add", "dumps"),
+    ("pytest_modeldiff.compare", "ModelDiff", "_finish_dumps", "dumps"),
+]
 
 
 def timed_cmd(cmd: list[str], repeat: int = 1) -> tuple[float, str]:
@@ -138,27 +146,19 @@ def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     buckets = {k: b.seconds[k] for k in BUCKETS}
     buckets["other (engine glue)"] = total - sum(buckets.values())
     md.close()
-    load = buckets["load"]
     return {"n_sequences": len(cmp.eval.sequences), "n_positions": len(cmp.stats) if cmp.stats is not None else 0,
-            "failed_checks": [r.name for r in results if not r.ok], "total_s": total, "load_s": load,
-            "forward_s": engine_forward, "bare_forward_s": bare, "overhead_s": total - load - engine_forward,
-            "buckets": buckets}
+            "failed_checks": [r.name for r in results if not r.ok], "total_s": total, "load_s": buckets["load"],
+            "forward_s": engine_forward, "bare_forward_s": bare,
+            "overhead_s": total - buckets["load"] - engine_forward, "buckets": buckets}
 
 
 def worker(args) -> None:
     """One pair, in its own process: warm-up, --runs measured runs, optional profile; JSON on stdout."""
-    import gguf
-
-    from pytest_modeldiff import compare, dumps
+    import importlib
 
     b = Buckets()
-    for owner, attr, bucket in ((gguf.GGUFReader, "__init__", "gguf metadata"), (gguf.ReaderField, "contents", "gguf metadata"),
-                                (compare.ModelDiff, "_build_eval_input", "eval input"),
-                                (compare._ReferenceStore, "run", "reference store"),
-                                (compare._ReferenceStore, "rows", "reference store"),
-                                (compare.PositionStats, "measure", "metrics"), (compare.PositionStats, "concat", "metrics"),
-                                (dumps.AllPositionsWriter, "add", "dumps"), (compare.ModelDiff, "_finish_dumps", "dumps")):
-        b.patch(owner, attr, bucket)
+    for module, cls, attr, bucket in ENGINE_BUCKETS:
+        b.patch(getattr(importlib.import_module(module), cls), attr, bucket)
     ref, cand = pair_paths(args.worker)
     settings = {"eval_length": args.eval_length, "eval_rows": args.eval_rows,
                 "eval_text": Path(args.eval_text) if args.eval_text else None}
@@ -189,9 +189,11 @@ def repo_text() -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", default="demo,tiny", help="comma-separated: demo, tiny, tiny-f16, tiny-q4_k_m ...")
-    ap.add_argument("--eval-length", type=int, default=256, help="tokens per sequence (Settings.eval_length)")
+    ap.add_argument("--eval-length", type=int, default=256,
+                    help="tokens per sequence (Settings.eval_length; only truncates the built-in prompts)")
     ap.add_argument("--eval-rows", type=int, default=8, help="sequences cut from --eval-text (Settings.eval_rows)")
-    ap.add_argument("--eval-text", help="UTF-8 text file to evaluate on, or 'repo' (default: built-in prompts)")
+    ap.add_argument("--eval-text", help="UTF-8 text file to evaluate on, or 'repo': this repository's README "
+                                        "and .py files joined (default: the built-in prompts)")
     ap.add_argument("--runs", type=int, default=3, help="measured runs per pair, after one warm-up (median)")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run per pair (printed to stderr)")
     ap.add_argument("--omp-passive", action="store_true",

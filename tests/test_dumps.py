@@ -92,3 +92,25 @@ def test_bad_dumps_name_the_file_and_the_problem(tmp_path, dumped):
     (tmp_path / "z-all.bin").write_bytes((dumped / "pytorch-hf-all.bin").read_bytes()[:-4 * 49152])
     with pytest.raises(ModelDiffError, match=r"z-all.bin: \d+ floats is not \d+ positions x 49152 vocabulary"):
         dumps.read_dump(tmp_path / "z-all.bin")
+
+
+def test_assertions_skip_what_a_dump_cannot_answer_and_fail_with_the_table(dumped, demo_ref):
+    import unittest
+
+    from pytest_modeldiff.assertions import ModelDiffAssertions
+
+    md = ModelDiff(demo_ref, [dumped / "llamacpp-demo-q8_0-all.bin"])
+    try:
+        cmp = md.compare("llamacpp-demo-q8_0-all")
+        helpers = ModelDiffAssertions(cmp, md.thresholds.resolve(cmp.quant_class))
+        with pytest.raises(unittest.SkipTest, match="modeldiff vocab: .* carries no vocabulary"):
+            helpers.assert_vocab_equal()
+        helpers.assert_kld()
+        with pytest.raises(AssertionError, match=r"(?s)kld mean, all \d+ positions.*threshold 1e-12 from argument"):
+            helpers.assert_kld(max=1e-12)
+        with pytest.raises(AssertionError, match=r"top-3 overlap"):
+            helpers.assert_topk_overlap(k=3, min=1.0)
+        with pytest.raises(ValueError, match="k must be between 1 and 20"):
+            helpers.assert_topk_overlap(k=50)
+    finally:
+        md.close()
