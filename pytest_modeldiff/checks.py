@@ -146,7 +146,7 @@ class LogitMetric:
 
 def top_overlap(s: PositionStats, k: int = 10) -> np.ndarray:
     """|topk(ref) & topk(cand)| / k per position, from the kept top ids (k <= TOPK_KEPT)."""
-    return np.array([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(s.ref_top.tolist(), s.cand_top.tolist())])
+    return metrics.overlap_of_ids(s.ref_top[:, :k], s.cand_top[:, :k])
 
 
 def topk_overlap_metric(k: int) -> LogitMetric:

@@ -78,17 +78,22 @@ class PositionStats:
 
     @classmethod
     def measure(cls, seq: int, positions: np.ndarray, n_tokens: int, ref: np.ndarray, cand: np.ndarray):
-        finite = np.isfinite(cand).all(axis=-1)
-        safe = np.where(finite[:, None], cand, 0.0)  # keep the arithmetic quiet; NaNs are reported
-        sse, ref_sum, ref_sumsq = metrics.logit_moments(ref, safe)
-        kld = np.where(finite, metrics.kl_divergence(ref, safe), np.nan)
-        diff = np.abs(safe.astype(np.float64) - ref)
+        import torch
+
+        r = torch.tensor(ref, dtype=torch.float64)  # one float64 copy each, shared below
+        c = torch.tensor(cand, dtype=torch.float64)
+        finite = torch.isfinite(c).all(-1)
+        c = torch.where(finite[:, None], c, 0.0)  # keep the arithmetic quiet; NaNs are reported
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        sse, ref_sum, ref_sumsq = metrics.logit_moments(r, c)
+        max_abs, max_abs_id = (c - r).abs().max(-1)
+        finite_np = finite.numpy()
         return cls(
             seq=np.full(len(positions), seq), pos=positions, is_last=positions == n_tokens - 1,
-            finite=finite, kld=kld, max_abs=np.where(finite, diff.max(-1), np.nan),
-            max_abs_id=diff.argmax(-1), sse=np.where(finite, sse, np.nan), ref_sum=ref_sum,
-            ref_sumsq=ref_sumsq, ref_top=metrics.top_k_ids(ref, TOPK_KEPT),
-            cand_top=metrics.top_k_ids(safe, TOPK_KEPT))
+            finite=finite_np, kld=np.where(finite_np, metrics.kl_divergence(r, c), np.nan),
+            max_abs=torch.where(finite, max_abs, nan).numpy(), max_abs_id=max_abs_id.numpy(),
+            sse=np.where(finite_np, sse, np.nan), ref_sum=ref_sum, ref_sumsq=ref_sumsq,
+            ref_top=metrics.top_k_ids(r, TOPK_KEPT), cand_top=metrics.top_k_ids(c, TOPK_KEPT))
 
     @classmethod
     def concat(cls, parts: list["PositionStats"]) -> "PositionStats":
@@ -180,7 +185,6 @@ class ModelDiff:
     def _reference(self) -> "_ReferenceStore":
         if self._ref_store is None:
             sequences = self.eval_input().sequences
-            self.reference.load(max(len(seq.ids) for seq in sequences))
             self._ref_store = _ReferenceStore.run(self.reference, sequences, self._dump_writer(self.reference),
                                                   self.progress)
             if self.settings.dump_dir and self.reference.dump_prefix:
@@ -204,8 +208,11 @@ class ModelDiff:
     def _compare(self, cand: Runner) -> Comparison:
         started = time.perf_counter()
         eval_input = self.eval_input()
+        first_use = self._ref_store is None
         ref_store = self._reference()
+        t0 = time.perf_counter()
         cand.load(max(len(seq.ids) for seq in eval_input.sequences))
+        cand_load = time.perf_counter() - t0
         qtype = cand.quant_type()
         cmp = Comparison(self.reference, cand, qtype, quant_class(qtype), eval_input)
         cmp.token_diffs = [
@@ -246,8 +253,13 @@ class ModelDiff:
             self._finish_dumps(cand, writer, last_row, qtype)
         cand.close()  # weights are not needed any more; tokenizer and vocab stay available
         total = time.perf_counter() - started
-        cmp.timings = {"reference_forward_s": ref_store.seconds, "candidate_forward_s": cand_seconds,
-                       "comparison_s": total, "overhead_s": max(0.0, total - cand_seconds)}
+        # The reference pass is shared: it is charged to the candidate compared first.
+        ref_forward, ref_load = (ref_store.seconds, ref_store.load_seconds) if first_use else (0.0, 0.0)
+        cmp.timings = {
+            "reference_forward_s": ref_store.seconds, "reference_load_s": ref_store.load_seconds,
+            "candidate_forward_s": cand_seconds, "candidate_load_s": cand_load, "comparison_s": total,
+            "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load),
+        }
         return cmp
 
     # -- dumps -------------------------------------------------------------------------------
@@ -275,25 +287,28 @@ class ModelDiff:
 
 
 class _ReferenceStore:
-    """The reference's logits for every sequence, on disk (a temporary float32 file) so that
-    several candidates reuse one reference pass without holding it all in memory."""
+    """The reference's logits for every sequence, so several candidates reuse one reference pass.
+    Held in memory up to MEMORY_LIMIT bytes, beyond that in a temporary float32 file."""
 
-    def __init__(self, runner: Runner):
-        self.runner = runner
-        self.offsets: list[tuple[int, int]] = []  # (first row, n rows) per sequence
+    MEMORY_LIMIT = 1 << 30
+
+    def __init__(self):
+        self.sequences: list[np.ndarray] = []  # in memory, or memmap views of the spill file
         self.n_vocab = 0
-        self.seconds = 0.0
+        self.seconds = 0.0  # forward time
+        self.load_seconds = 0.0
         self.writer = None
         self.last_row = None
-        self._fd, self._path = tempfile.mkstemp(prefix="modeldiff-ref-", suffix=".f32")
-        self._file = os.fdopen(self._fd, "wb")
-        self._rows = None
+        self._size = 0
+        self._spill = None  # (path, file) once spilled
 
     @classmethod
     def run(cls, runner: Runner, sequences, writer, progress) -> "_ReferenceStore":
-        store = cls(runner)
+        store = cls()
         store.writer = writer
-        row = 0
+        t0 = time.perf_counter()
+        runner.load(max(len(seq.ids) for seq in sequences))
+        store.load_seconds = time.perf_counter() - t0
         try:
             for i, seq in enumerate(sequences):
                 t0 = time.perf_counter()
@@ -305,9 +320,7 @@ class _ReferenceStore:
                         f"{runner.path}: the reference produced NaN/Inf logits at {int(bad.sum())} positions "
                         f"(first: sequence {i}, position {int(np.argmax(bad))}); the reference itself is broken")
                 store.n_vocab = logits.shape[-1]
-                store._file.write(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
-                store.offsets.append((row, len(logits)))
-                row += len(logits)
+                store._add(np.asarray(logits, dtype=np.float32))
                 if writer:
                     writer.add(logits, seq.ids, seq.text)
                 if i == 0:
@@ -318,16 +331,39 @@ class _ReferenceStore:
                 writer.abort()
             store.close()
             raise
-        store._file.close()
-        store._rows = np.memmap(store._path, dtype=np.float32, mode="r").reshape(-1, store.n_vocab)
+        store._finish_spill()
         return store
 
+    def _add(self, logits: np.ndarray) -> None:
+        self._size += logits.nbytes
+        if self._spill is None and self._size > self.MEMORY_LIMIT:
+            fd, path = tempfile.mkstemp(prefix="modeldiff-ref-", suffix=".f32")
+            self._spill = (path, os.fdopen(fd, "wb"))
+            for held in self.sequences:
+                self._spill[1].write(held.tobytes())
+            self.sequences = [len(held) for held in self.sequences]
+        if self._spill is None:
+            self.sequences.append(logits)
+        else:
+            self._spill[1].write(np.ascontiguousarray(logits).tobytes())
+            self.sequences.append(len(logits))
+
+    def _finish_spill(self) -> None:
+        if self._spill is None:
+            return
+        path, file = self._spill
+        file.close()
+        rows = np.memmap(path, dtype=np.float32, mode="r").reshape(-1, self.n_vocab)
+        starts = np.cumsum([0] + self.sequences)
+        self.sequences = [rows[a:b] for a, b in zip(starts[:-1], starts[1:])]
+
     def rows(self, i: int) -> np.ndarray:
-        first, n = self.offsets[i]
-        return np.asarray(self._rows[first:first + n])
+        return self.sequences[i]
 
     def close(self) -> None:
-        self._rows = None
-        if not self._file.closed:
-            self._file.close()
-        Path(self._path).unlink(missing_ok=True)
+        self.sequences = []
+        if self._spill is not None:
+            path, file = self._spill
+            file.close()
+            Path(path).unlink(missing_ok=True)
+            self._spill = None

@@ -1,56 +1,61 @@
-"""Logit metrics: small pure numpy functions, one formula each.
+"""Logit metrics: small pure functions, one formula each.
 
-Inputs are logits of shape (n_positions, n_vocab) (a single vector is treated as one position);
-``ref`` is the reference model (p = softmax(ref)), ``cand`` the candidate (q = softmax(cand)).
-Per-position functions return float64 arrays of length n_positions; pooled functions return a
-float. Work is done in float64 so that tiny differences (f32 vs f16) are not rounding noise.
+Inputs are logits of shape (n_positions, n_vocab) (a single vector is treated as one position),
+numpy arrays or torch tensors; ``ref`` is the reference model (p = softmax(ref)), ``cand`` the
+candidate (q = softmax(cand)). Per-position functions return float64 numpy arrays of length
+n_positions; pooled functions return a float. Arithmetic is float64 so that tiny differences
+(f32 vs f16) are not rounding noise; torch runs the reductions (multi-threaded, no extra copies).
 """
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
-def _2d(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x[None, :] if x.ndim == 1 else x
+def _2d(x, dtype=torch.float64) -> torch.Tensor:
+    if isinstance(x, np.ndarray) and not x.flags.writeable:  # read-only memmap (dumps)
+        x = np.array(x)
+    t = torch.as_tensor(x)
+    t = t[None, :] if t.ndim == 1 else t
+    return t.to(dtype)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits) -> np.ndarray:
     """log_softmax(x)_i = x_i - max(x) - log(sum_j exp(x_j - max(x))), per row."""
-    x = _2d(logits)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return torch.log_softmax(_2d(logits), dim=-1).numpy()
 
 
-def kl_divergence(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+def kl_divergence(ref, cand) -> np.ndarray:
     """KL(ref || cand) per position: sum_i p_i (log p_i - log q_i), in nats.
 
     This is llama-perplexity's direction (base = reference); exllamav2 uses the reverse.
     """
-    log_p, log_q = log_softmax(ref), log_softmax(cand)
-    return np.maximum((np.exp(log_p) * (log_p - log_q)).sum(axis=-1), 0.0)
+    log_p, log_q = torch.log_softmax(_2d(ref), -1), torch.log_softmax(_2d(cand), -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0).numpy()
 
 
-def max_abs_diff(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+def max_abs_diff(ref, cand) -> np.ndarray:
     """max_i |cand_i - ref_i| per position."""
-    return np.abs(_2d(cand) - _2d(ref)).max(axis=-1)
+    return (_2d(cand) - _2d(ref)).abs().amax(-1).numpy()
 
 
-def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k largest logits per row, largest first (equal values: lower id first)."""
-    x = _2d(logits)
-    part = np.argpartition(-x, kth=min(k, x.shape[-1] - 1), axis=-1)[:, :k]
-    order = np.lexsort((part, -np.take_along_axis(x, part, axis=-1)), axis=-1)
-    return np.take_along_axis(part, order, axis=-1)
+def top_k_ids(logits, k: int) -> np.ndarray:
+    """Ids of the k largest logits per row, largest first (order among exact ties unspecified)."""
+    return torch.topk(_2d(logits, torch.float32), k, dim=-1, sorted=True).indices.numpy()
 
 
-def topk_overlap(ref: np.ndarray, cand: np.ndarray, k: int = 10) -> np.ndarray:
+def topk_overlap(ref, cand, k: int = 10) -> np.ndarray:
     """Set overlap per position: |topk(ref) & topk(cand)| / k (order ignored)."""
-    a, b = top_k_ids(ref, k), top_k_ids(cand, k)
-    return np.array([len(set(x) & set(y)) / k for x, y in zip(a.tolist(), b.tolist())])
+    return overlap_of_ids(top_k_ids(ref, k), top_k_ids(cand, k))
 
 
-def topk_agreement(ref: np.ndarray, cand: np.ndarray, k: int = 1) -> np.ndarray:
+def overlap_of_ids(ref_ids: np.ndarray, cand_ids: np.ndarray) -> np.ndarray:
+    """|set(ref_ids[t]) & set(cand_ids[t])| / k per row of two (n, k) id arrays."""
+    k = ref_ids.shape[-1]
+    return (ref_ids[:, :, None] == cand_ids[:, None, :]).any(-1).sum(-1) / k
+
+
+def topk_agreement(ref, cand, k: int = 1) -> np.ndarray:
     """Ordered agreement per position (exllamav2): 1.0 iff the first k ids are equal in order.
 
     k = 1 is "same top": argmax(cand) == argmax(ref).
@@ -58,7 +63,7 @@ def topk_agreement(ref: np.ndarray, cand: np.ndarray, k: int = 1) -> np.ndarray:
     return (top_k_ids(ref, k) == top_k_ids(cand, k)).all(axis=-1).astype(np.float64)
 
 
-def nmse(ref: np.ndarray, cand: np.ndarray) -> float:
+def nmse(ref, cand) -> float:
     """llama.cpp check-nmse.py: mean((cand - ref)^2) / var(ref), var with ddof=0, over all elements.
 
     0 when both are equal; inf when ref is constant and cand differs.
@@ -66,12 +71,12 @@ def nmse(ref: np.ndarray, cand: np.ndarray) -> float:
     return nmse_pooled(*logit_moments(ref, cand), n_vocab=_2d(ref).shape[-1])
 
 
-def logit_moments(ref: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def logit_moments(ref, cand) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-position sums from which NMSE can be pooled over any subset of positions later:
     sse_t = sum_i (cand_ti - ref_ti)^2, ref_sum_t = sum_i ref_ti, ref_sumsq_t = sum_i ref_ti^2.
     """
     r, c = _2d(ref), _2d(cand)
-    return ((c - r) ** 2).sum(-1), r.sum(-1), (r * r).sum(-1)
+    return ((c - r) ** 2).sum(-1).numpy(), r.sum(-1).numpy(), (r * r).sum(-1).numpy()
 
 
 def nmse_pooled(sse, ref_sum, ref_sumsq, n_vocab: int) -> float:

@@ -1,0 +1,27 @@
+"""Engine details: the shared reference store (memory or spill file) and the timings."""
+import numpy as np
+
+from pytest_modeldiff import compare
+from pytest_modeldiff.compare import ModelDiff
+
+
+def run(ref, cand):
+    md = ModelDiff(ref, [cand])
+    try:
+        cmp = md.compare("demo-q8_0")
+        return cmp.stats, cmp.timings, md._ref_store._spill is not None
+    finally:
+        md.close()
+
+
+def test_reference_spilled_to_disk_gives_the_same_numbers(demo_ref, demo_cand, monkeypatch):
+    in_memory, timings, was_spilled = run(demo_ref, demo_cand)
+    assert not was_spilled
+    monkeypatch.setattr(compare._ReferenceStore, "MEMORY_LIMIT", 1)
+    spilled, _, was_spilled = run(demo_ref, demo_cand)
+    assert was_spilled
+    np.testing.assert_array_equal(in_memory.kld, spilled.kld)
+    np.testing.assert_array_equal(in_memory.ref_top, spilled.ref_top)
+    assert set(timings) == {"reference_forward_s", "reference_load_s", "candidate_forward_s",
+                            "candidate_load_s", "comparison_s", "overhead_s"}
+    assert timings["comparison_s"] >= timings["candidate_forward_s"] + timings["reference_forward_s"]
