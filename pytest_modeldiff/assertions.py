@@ -77,3 +77,12 @@ class ModelDiffAssertions:
             raise ValueError(f"assert_topk_overlap: k must be between 1 and {checks.TOPK_KEPT}, got {k}")
         metric = checks.topk_overlap_metric(k)
         return self._verify(checks.check_logits("top10", self.comparison, self._threshold("top10", min), metric))
+
+    def assert_topk_agreement(self, k: int = 1, min: float | None = None):
+        """Fraction of positions whose first k ids agree in order >= min (same_top threshold unless
+        given); exllamav2's top-K agreement, k = 1 is same_top."""
+        __tracebackhide__ = True
+        if not 1 <= k <= checks.TOPK_KEPT:
+            raise ValueError(f"assert_topk_agreement: k must be between 1 and {checks.TOPK_KEPT}, got {k}")
+        metric = checks.topk_agreement_metric(k)
+        return self._verify(checks.check_logits("same_top", self.comparison, self._threshold("same_top", min), metric))

@@ -153,8 +153,14 @@ def topk_overlap_metric(k: int) -> LogitMetric:
     return LogitMetric(f"top-{k} overlap", lambda s, v: float(top_overlap(s, k).mean()), lambda s: -top_overlap(s, k))
 
 
-def _same_top(s: PositionStats) -> np.ndarray:
-    return (s.ref_top[:, 0] == s.cand_top[:, 0]).astype(float)
+def topk_agreement(s: PositionStats, k: int) -> np.ndarray:
+    """1.0 per position where the first k ids agree in order (k = 1: same top-1)."""
+    return metrics.agreement_of_ids(s.ref_top[:, :k], s.cand_top[:, :k])
+
+
+def topk_agreement_metric(k: int) -> LogitMetric:
+    return LogitMetric(f"top-{k} ordered agreement", lambda s, v: float(topk_agreement(s, k).mean()),
+                       lambda s: -topk_agreement(s, k))
 
 
 def _nonfinite_mean(values: np.ndarray) -> float:
@@ -166,7 +172,8 @@ LOGIT_METRICS = {
     "nmse": LogitMetric("nmse", lambda s, v: metrics.nmse_pooled(s.sse, s.ref_sum, s.ref_sumsq, v), None),
     "max_abs": LogitMetric("max |diff|", lambda s, v: float(np.max(s.max_abs)), lambda s: s.max_abs),
     "top10": topk_overlap_metric(10),
-    "same_top": LogitMetric("same top-1", lambda s, v: float(_same_top(s).mean()), lambda s: -_same_top(s)),
+    "same_top": LogitMetric("same top-1", lambda s, v: float(topk_agreement(s, 1).mean()),
+                            lambda s: -topk_agreement(s, 1)),
 }
 
 
@@ -205,8 +212,11 @@ def check_logits(name: str, cmp: Comparison, threshold: Threshold, metric: Logit
     if name == "nmse":
         result.extra = {"nmse_db": metrics.nmse_db(result.value), "verdict": metrics.nmse_verdict(result.value)}
         result.rows[0].value += f" ({result.extra['nmse_db']:.1f} dB, {result.extra['verdict']})"
-    if name == "kld":
-        result.extra = {"median": float(np.nanmedian(stats.kld)), "max": float(np.nanmax(stats.kld))}
+    if name == "kld" and stats.finite.all():
+        result.extra = {"median": float(np.median(stats.kld)), "max": float(np.max(stats.kld))}
+        result.rows[0].value += f" (median {_fmt(result.extra['median'])}, max {_fmt(result.extra['max'])})"
+    if name == "same_top":  # exllamav2's ordered top-k agreement, k = 1..5, for the report
+        result.extra = {f"agreement@{k}": float(topk_agreement(stats, k).mean()) for k in range(1, 6)}
     if result.status == FAILED:
         _explain(result, cmp, metric)
     return result

@@ -82,17 +82,14 @@ class PositionStats:
 
         r = torch.tensor(ref, dtype=torch.float64)  # one float64 copy each, shared below
         c = torch.tensor(cand, dtype=torch.float64)
-        finite = torch.isfinite(c).all(-1)
-        c = torch.where(finite[:, None], c, 0.0)  # keep the arithmetic quiet; NaNs are reported
-        nan = torch.tensor(float("nan"), dtype=torch.float64)
         sse, ref_sum, ref_sumsq = metrics.logit_moments(r, c)
+        finite = np.isfinite(sse)  # the reference is checked finite, so this flags NaN/Inf candidate rows
         max_abs, max_abs_id = (c - r).abs().max(-1)
-        finite_np = finite.numpy()
         return cls(
             seq=np.full(len(positions), seq), pos=positions, is_last=positions == n_tokens - 1,
-            finite=finite_np, kld=np.where(finite_np, metrics.kl_divergence(r, c), np.nan),
-            max_abs=torch.where(finite, max_abs, nan).numpy(), max_abs_id=max_abs_id.numpy(),
-            sse=np.where(finite_np, sse, np.nan), ref_sum=ref_sum, ref_sumsq=ref_sumsq,
+            finite=finite, kld=np.where(finite, metrics.kl_divergence(r, c), np.nan),
+            max_abs=np.where(finite, max_abs.numpy(), np.nan), max_abs_id=max_abs_id.numpy(),
+            sse=sse, ref_sum=ref_sum, ref_sumsq=ref_sumsq,
             ref_top=metrics.top_k_ids(r, TOPK_KEPT), cand_top=metrics.top_k_ids(c, TOPK_KEPT))
 
     @classmethod
@@ -149,6 +146,7 @@ class ModelDiff:
                 key, n = f"{runner.name}-{n}", n + 1
             self.candidates[key] = runner
         self._eval: evaldata.EvalInput | None = None
+        self._ref_load_seconds = 0.0
         self._ref_store: _ReferenceStore | None = None
         self._comparisons: dict[str, Comparison] = {}
 
@@ -166,7 +164,9 @@ class ModelDiff:
             return evaldata.EvalInput(
                 [(f"recorded {i}", seq.text) for i, seq in enumerate(recorded) if seq.text is not None],
                 [evaldata.EvalSequence(seq.ids, seq.text, f"recorded {i}") for i, seq in enumerate(recorded)])
-        ref.load(s.eval_length)
+        t0 = time.perf_counter()
+        ref.load(s.eval_length)  # its tokenizer defines the evaluation ids
+        self._ref_load_seconds = time.perf_counter() - t0
         vocab = ref.vocab()
         bos_id = vocab.special.get("bos") if vocab and vocab.add_bos else None
         if s.eval_dataset:
@@ -246,6 +246,10 @@ class ModelDiff:
             if writer:
                 writer.abort()
             writer = None
+        except BaseException:  # Ctrl-C or a runtime crash: no half-written dump survives
+            if writer:
+                writer.abort()
+            raise
         if parts and cmp.error is None:
             cmp.stats = PositionStats.concat(parts)
             cmp.n_vocab = int(ref_store.n_vocab)
@@ -254,9 +258,10 @@ class ModelDiff:
         cand.close()  # weights are not needed any more; tokenizer and vocab stay available
         total = time.perf_counter() - started
         # The reference pass is shared: it is charged to the candidate compared first.
-        ref_forward, ref_load = (ref_store.seconds, ref_store.load_seconds) if first_use else (0.0, 0.0)
+        ref_load_s = ref_store.load_seconds + self._ref_load_seconds
+        ref_forward, ref_load = (ref_store.seconds, ref_load_s) if first_use else (0.0, 0.0)
         cmp.timings = {
-            "reference_forward_s": ref_store.seconds, "reference_load_s": ref_store.load_seconds,
+            "reference_forward_s": ref_store.seconds, "reference_load_s": ref_load_s,
             "candidate_forward_s": cand_seconds, "candidate_load_s": cand_load, "comparison_s": total,
             "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load),
         }

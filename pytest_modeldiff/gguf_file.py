@@ -16,6 +16,20 @@ from .runners.base import VocabInfo
 GGUF_MAGIC = b"GGUF"
 
 
+def open_gguf(path: Path) -> "GGUFFile":
+    """One parsed GGUFFile per file and process: gguf-py's full parse costs ~2 s for a 49k-token
+    vocabulary, and several runners (or the reference and a candidate) may read the same file."""
+    path = Path(path).resolve()
+    stat = path.stat() if path.exists() else None
+    key = (path, stat and (stat.st_size, stat.st_mtime_ns))
+    if key not in _OPEN:
+        _OPEN[key] = GGUFFile(path)
+    return _OPEN[key]
+
+
+_OPEN: dict = {}
+
+
 class GGUFFile:
     def __init__(self, path: Path):
         self.path = Path(path)

@@ -60,7 +60,12 @@ def topk_agreement(ref, cand, k: int = 1) -> np.ndarray:
 
     k = 1 is "same top": argmax(cand) == argmax(ref).
     """
-    return (top_k_ids(ref, k) == top_k_ids(cand, k)).all(axis=-1).astype(np.float64)
+    return agreement_of_ids(top_k_ids(ref, k), top_k_ids(cand, k))
+
+
+def agreement_of_ids(ref_ids: np.ndarray, cand_ids: np.ndarray) -> np.ndarray:
+    """1.0 per row where two (n, k) id arrays are equal element by element (same ids, same order)."""
+    return (ref_ids == cand_ids).all(axis=-1).astype(np.float64)
 
 
 def nmse(ref, cand) -> float:

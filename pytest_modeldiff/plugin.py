@@ -5,6 +5,7 @@ the engine (and torch, transformers, llama_cpp behind it) loads only when --ref-
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -131,8 +132,9 @@ class _State:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None and (self.config.option.verbose > 0 or now - self._last_progress > 2.0):
             self._last_progress = now
-            capture = self.config.pluginmanager.get_plugin("capturemanager")
-            with capture.global_and_fixture_disabled():  # to the terminal, not the test's captured output
+            # to the terminal, not into the running test's captured output
+            capture = self.config.pluginmanager.get_plugin("capturemanager")  # None under -p no:capture
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
                 if reporter._tw.width_of_current_line:  # after a row of progress dots
                     reporter._tw.line()
                 reporter.write_line(f"modeldiff: {message}")

@@ -112,5 +112,8 @@ def test_assertions_skip_what_a_dump_cannot_answer_and_fail_with_the_table(dumpe
             helpers.assert_topk_overlap(k=3, min=1.0)
         with pytest.raises(ValueError, match="k must be between 1 and 20"):
             helpers.assert_topk_overlap(k=50)
+        helpers.assert_topk_agreement(k=1, min=0.9)
+        with pytest.raises(AssertionError, match=r"top-5 ordered agreement"):
+            helpers.assert_topk_agreement(k=5, min=1.0)
     finally:
         md.close()

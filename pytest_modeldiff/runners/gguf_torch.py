@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelDiffError
-from ..gguf_file import GGUFFile
+from ..gguf_file import open_gguf
 from .base import VocabInfo
 from .hf import TorchCausalLM
 
@@ -19,7 +19,7 @@ class GGUFTorchRunner(TorchCausalLM):
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
         super().__init__(path, device, threads)
-        self.gguf = GGUFFile(self.path)
+        self.gguf = open_gguf(self.path)
 
     def load(self, max_tokens: int) -> None:
         if self.model is not None:

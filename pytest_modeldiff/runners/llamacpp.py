@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ModelDiffError
-from ..gguf_file import GGUFFile
+from ..gguf_file import open_gguf
 from .base import Runner, VocabInfo
 
 
@@ -18,7 +18,7 @@ class LlamaCppRunner(Runner):
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
         super().__init__(path, device, threads)
-        self.gguf = GGUFFile(self.path)
+        self.gguf = open_gguf(self.path)
         self.llm = None
 
     def load(self, max_tokens: int) -> None:
