@@ -37,7 +37,8 @@ HEAVY = ("torch", "transformers", "llama_cpp", "numpy")
 BUCKETS = ("load", "forward", "gguf metadata", "tokenize", "vocab", "eval input", "reference store", "metrics",
            "dumps", "checks", "report")
 ENGINE_BUCKETS = [  # (module, class, method, bucket); runner methods are wrapped per instance in one_run
-    ("gguf", "GGUFReader", "__init__", "gguf metadata"), ("gguf", "ReaderField", "contents", "gguf metadata"),
+    # our own GGUF header parse (gguf-py); transformers' GGUF loading stays in "load"
+    ("pytest_modeldiff.gguf_file", "GGUFFile", "__init__", "gguf metadata"),
     ("pytest_modeldiff.compare", "ModelDiff", "_build_eval_input", "eval input"),
     ("pytest_modeldiff.compare", "_ReferenceStore", "run", "reference store"),
     ("pytest_modeldiff.compare", "_ReferenceStore", "rows", "reference store"),
@@ -121,15 +122,21 @@ def _seconds(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
+NO_DUMPS = "--no-dumps" in sys.argv
+
+
 def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     from pytest_modeldiff import report
     from pytest_modeldiff.checks import run_checks
     from pytest_modeldiff.compare import ModelDiff, Settings
 
+    from pytest_modeldiff import gguf_file
+
+    gguf_file._OPEN.clear()  # every run pays the GGUF header parse, as a fresh pytest run does
     b.seconds.clear()
     dump_dir = Path(tempfile.mkdtemp(dir=tmp))
     t0 = time.perf_counter()
-    md = ModelDiff(ref_path, [cand_path], Settings(dump_dir=dump_dir, **settings))
+    md = ModelDiff(ref_path, [cand_path], Settings(dump_dir=None if NO_DUMPS else dump_dir, **settings))
     key = next(iter(md.candidates))
     ref, cand = md.reference, md.candidates[key]
     for runner in (ref, cand):
@@ -206,6 +213,7 @@ def main() -> None:
     ap.add_argument("--omp-passive", action="store_true",
                     help="run the pairs with OMP_WAIT_POLICY=PASSIVE (no OpenMP busy-waiting between torch and llama.cpp)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    ap.add_argument("--no-dumps", action="store_true", help="measure without --modeldiff-dump-dir (dumps are optional)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: measure one pair in this process
     args = ap.parse_args()
     SCRATCH.mkdir(parents=True, exist_ok=True)
@@ -217,7 +225,7 @@ def main() -> None:
            "pairs": []}
     for pair in args.pairs.split(","):
         cmd = [sys.executable, __file__, "--worker", pair, "--eval-length", str(args.eval_length),
-               "--eval-rows", str(args.eval_rows), "--runs", str(args.runs)]
+               "--eval-rows", str(args.eval_rows), "--runs", str(args.runs)] + (["--no-dumps"] if args.no_dumps else [])
         cmd += (["--eval-text", args.eval_text] if args.eval_text else []) + (["--profile"] if args.profile else [])
         env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1", **({"OMP_WAIT_POLICY": "PASSIVE"} if args.omp_passive else {})}
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)  # stderr (profile) passes through

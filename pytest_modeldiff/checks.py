@@ -13,6 +13,7 @@ import numpy as np
 from . import mapping, metrics
 from .compare import TOPK_KEPT, Comparison, PositionStats
 from .registry import CHECKS, HIGHER
+from .runners.base import VocabInfo
 from .thresholds import Threshold
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
@@ -86,36 +87,43 @@ def check_vocab(cmp: Comparison, threshold=None) -> CheckResult:
     if ref is None or cand is None:
         side = cmp.reference if ref is None else cmp.candidate
         return CheckResult("vocab", cmp.name, SKIPPED, reason=f"{side.path} carries no vocabulary ({side.kind})")
-    result = CheckResult("vocab", cmp.name, PASSED)
-
-    common = min(len(ref.tokens), len(cand.tokens))
-    differing = [i for i in range(common) if ref.tokens[i] != cand.tokens[i]]
-    extra = [t for t in cand.tokens[common:] if not (t.startswith("[PAD") and t.endswith("]"))]
-    missing = len(ref.tokens) - common
-    result.rows.append(Row("token strings", f"{len(differing)} differ of {common}", "0", not differing))
-    result.rows.append(Row("vocabulary size", f"{len(ref.tokens)} vs {len(cand.tokens)}",
-                           "equal (padding allowed)", not extra and not missing))
-    for i in differing[:5]:
-        result.details.append(f"token {i}: reference {ref.tokens[i]!r} vs candidate {cand.tokens[i]!r}")
-    if ref.merges is not None and cand.merges is not None:
-        bad = next((i for i, (a, b) in enumerate(zip(ref.merges, cand.merges)) if a != b), None)
-        same = bad is None and len(ref.merges) == len(cand.merges)
-        result.rows.append(Row("merges", f"{len(ref.merges)} vs {len(cand.merges)}", "identical", same))
-        if bad is not None:
-            result.details.append(f"merge {bad}: reference {ref.merges[bad]!r} vs candidate {cand.merges[bad]!r}")
-    for name in ("bos", "eos", "unk", "pad"):
-        a, b = ref.special.get(name), cand.special.get(name)
-        if a is not None and b is not None:
-            result.rows.append(Row(f"{name} id", f"{a} vs {b}", "equal", a == b))
-    for name in ("add_bos", "add_eos"):
-        a, b = getattr(ref, name), getattr(cand, name)
-        if a is not None and b is not None:
-            result.rows.append(Row(f"{name} flag", f"{a} vs {b}", "equal", a == b))
-    if not all(r.passed for r in result.rows):
+    rows, details = compare_vocab(ref, cand)
+    result = CheckResult("vocab", cmp.name, PASSED, rows, details)
+    if not all(r.passed for r in rows):
         result.status = FAILED
         result.hint = ("re-convert with the tokenizer files that belong to the reference; special ids and "
                        "add-bos/eos flags come from tokenizer_config.json / generation_config.json")
     return result
+
+
+def compare_vocab(ref: VocabInfo, cand: VocabInfo) -> tuple[list[Row], list[str]]:
+    """Rows (token strings, size, merges, scores, special ids, flags) and the first differences.
+    Extra candidate entries named [PAD<n>] are the converter's padding up to vocab_size."""
+    rows, details = [], []
+    common = min(len(ref.tokens), len(cand.tokens))
+    differing = [i for i in range(common) if ref.tokens[i] != cand.tokens[i]]
+    extra = [t for t in cand.tokens[common:] if not (t.startswith("[PAD") and t.endswith("]"))]
+    rows.append(Row("token strings", f"{len(differing)} differ of {common}", "0", not differing))
+    rows.append(Row("vocabulary size", f"{len(ref.tokens)} vs {len(cand.tokens)}", "equal (padding allowed)",
+                    not extra and len(ref.tokens) == common))
+    details += [f"token {i}: reference {ref.tokens[i]!r} vs candidate {cand.tokens[i]!r}" for i in differing[:5]]
+    for name, a, b, same in (("merges", ref.merges, cand.merges, lambda x, y: x == y),
+                             ("scores", ref.scores, cand.scores, lambda x, y: abs(x - y) <= 1e-6 * max(1.0, abs(x)))):
+        if a is None or b is None:
+            continue
+        bad = next((i for i, (x, y) in enumerate(zip(a, b)) if not same(x, y)), None)
+        rows.append(Row(name, f"{len(a)} vs {len(b)}", "identical", bad is None and len(a) == len(b)))
+        if bad is not None:
+            details.append(f"{name[:-1]} {bad}: reference {a[bad]!r} vs candidate {b[bad]!r}")
+    for name in ("bos", "eos", "unk", "pad"):
+        a, b = ref.special.get(name), cand.special.get(name)
+        if a is not None and b is not None:
+            rows.append(Row(f"{name} id", f"{a} vs {b}", "equal", a == b))
+    for name in ("add_bos", "add_eos"):
+        a, b = getattr(ref, name), getattr(cand, name)
+        if a is not None and b is not None:
+            rows.append(Row(f"{name} flag", f"{a} vs {b}", "equal", a == b))
+    return rows, details
 
 
 def check_metadata(cmp: Comparison, threshold=None) -> CheckResult:
@@ -163,12 +171,8 @@ def topk_agreement_metric(k: int) -> LogitMetric:
                        lambda s: -topk_agreement(s, k))
 
 
-def _nonfinite_mean(values: np.ndarray) -> float:
-    return float("nan") if np.isnan(values).any() else float(values.mean())
-
-
 LOGIT_METRICS = {
-    "kld": LogitMetric("kld mean", lambda s, v: _nonfinite_mean(s.kld), lambda s: s.kld),
+    "kld": LogitMetric("kld mean", lambda s, v: float(np.mean(s.kld)), lambda s: s.kld),  # NaN rows -> NaN
     "nmse": LogitMetric("nmse", lambda s, v: metrics.nmse_pooled(s.sse, s.ref_sum, s.ref_sumsq, v), None),
     "max_abs": LogitMetric("max |diff|", lambda s, v: float(np.max(s.max_abs)), lambda s: s.max_abs),
     "top10": topk_overlap_metric(10),

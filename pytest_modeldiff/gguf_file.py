@@ -99,10 +99,10 @@ class GGUFFile:
         return VocabInfo(
             tokens=list(meta.get("tokenizer.ggml.tokens", [])),
             merges=list(meta["tokenizer.ggml.merges"]) if "tokenizer.ggml.merges" in meta else None,
+            scores=[float(x) for x in meta["tokenizer.ggml.scores"]] if "tokenizer.ggml.scores" in meta else None,
             special={name: token_id(name) for name in ("bos", "eos", "unk", "pad")},
             add_bos=_flag(meta.get("tokenizer.ggml.add_bos_token")),
             add_eos=_flag(meta.get("tokenizer.ggml.add_eos_token")),
-            model=str(meta.get("tokenizer.ggml.model", "")),
         )
 
 

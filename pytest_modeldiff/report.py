@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .checks import FAILED, CheckResult, Row
+from .checks import EXACT_CHECKS, FAILED, CheckResult, Row
 from .compare import Comparison
 
 
@@ -33,7 +33,7 @@ def failure_message(result: CheckResult, cmp: Comparison) -> str:
     if result.threshold is not None:
         lines.append(f"threshold {result.threshold.value:g} from {result.threshold.source}")
     if result.details:
-        lines.append("worst positions:" if result.name not in ("tokens", "vocab", "metadata") else "differences:")
+        lines.append("differences:" if result.name in EXACT_CHECKS else "worst positions:")
         lines += [f"  {d}" for d in result.details]
     if result.hint:
         lines.append(f"hint: {result.hint}")
@@ -47,7 +47,7 @@ def summary(cmp: Comparison, results: list[CheckResult]) -> list[str]:
             f"vs {cmp.reference.path.name}: " + (f"FAILED {', '.join(failed)}" if failed else "all checks passed"))
     rows = []
     for r in results:
-        if r.rows and r.name not in ("tokens", "vocab", "metadata"):
+        if r.rows and r.name not in EXACT_CHECKS:  # logit checks: one row per scope
             rows += r.rows
         elif r.status in ("skipped", "error"):
             rows.append(Row(r.name, r.status, r.reason[:60], r.status == "skipped"))

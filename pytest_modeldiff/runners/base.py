@@ -16,11 +16,11 @@ import numpy as np
 @dataclass
 class VocabInfo:
     tokens: list[str]
-    merges: list[str] | None = None
+    merges: list[str] | None = None  # BPE merges "a b"
+    scores: list[float] | None = None  # SentencePiece / Unigram piece scores
     special: dict[str, int | None] = field(default_factory=dict)  # bos, eos, unk, pad
     add_bos: bool | None = None
     add_eos: bool | None = None
-    model: str = ""  # tokenizer family ("gpt2" BPE, "llama" SentencePiece, ...)
 
 
 @dataclass

@@ -115,11 +115,11 @@ class HFRunner(TorchCausalLM):
         return VocabInfo(
             tokens=[t if t is not None else "" for t in tokens],
             merges=self._merges(),
+            scores=self._scores(),
             special={"bos": tok.bos_token_id, "eos": tok.eos_token_id,
                      "unk": tok.unk_token_id, "pad": tok.pad_token_id},
             add_bos=adds_bos,
             add_eos=adds_eos,
-            model=self._tokenizer_model(),
         )
 
     def vocab(self) -> VocabInfo:
@@ -135,6 +135,17 @@ class HFRunner(TorchCausalLM):
             return None
         return [m if isinstance(m, str) else " ".join(m) for m in merges]
 
-    def _tokenizer_model(self) -> str:
-        kind = self._tokenizer_json().get("model", {}).get("type", "")
-        return {"BPE": "gpt2", "Unigram": "llama", "WordPiece": "bert"}.get(kind, kind.lower())
+
+    def _scores(self) -> list[float] | None:
+        """Piece scores: tokenizer.json's Unigram vocabulary, else SentencePiece's tokenizer.model."""
+        model = self._tokenizer_json().get("model", {})
+        if model.get("type") == "Unigram":
+            return [float(score) for _, score in model["vocab"]]
+        if (self.path / "tokenizer.model").is_file():
+            try:
+                import sentencepiece
+            except ImportError:
+                return None
+            sp = sentencepiece.SentencePieceProcessor(model_file=str(self.path / "tokenizer.model"))
+            return [sp.GetScore(i) for i in range(sp.GetPieceSize())]
+        return None
