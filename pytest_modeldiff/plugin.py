@@ -135,7 +135,7 @@ class _State:
             # to the terminal, not into the running test's captured output
             capture = self.config.pluginmanager.get_plugin("capturemanager")  # None under -p no:capture
             with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-                if reporter._tw.width_of_current_line:  # after a row of progress dots
+                if reporter._tw.width_of_current_line and not reporter.currentfspath:  # -q: after bare dots
                     reporter._tw.line()
                 reporter.write_line(f"modeldiff: {message}")
 
@@ -221,6 +221,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                                 path=runner.path.resolve())
         items.extend(ModelDiffItem.from_parent(parent, name=check, candidate=key, check=check)
                      for check in state.checks)
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list) -> str | None:
+    """pytest's "collected N items" counts test files only; say what the plugin added."""
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return None
+    ours = sum(isinstance(item, ModelDiffItem) for item in items)
+    names = ", ".join(state.engine.candidates)
+    return (f"modeldiff: reference {state.engine.reference.path} ({state.engine.reference.kind}); "
+            f"candidates: {names}; {ours} built-in check items")
 
 
 # ------------------------------------------------------------------------- fixtures and markers

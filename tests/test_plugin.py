@@ -51,6 +51,7 @@ def test_builtin_checks_run_with_no_test_file(run):
     out = result.stdout.str()
     for check in ("tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top"):
         assert f"modeldiff[demo-q8_0]::{check} PASSED" in out
+    result.stdout.fnmatch_lines([f"modeldiff: reference * (hf); candidates: demo-q8_0; 8 built-in check items"])
     result.stdout.fnmatch_lines(["*modeldiff summary*", "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed",
                                  "metric*| value*| threshold*| status", "kld mean, all * positions*| ok"])
     assert result.ret == 0
