@@ -1,10 +1,16 @@
-"""Read GGUF metadata with ``gguf`` (gguf-py): validated header, key/values, vocabulary, quant type.
+"""Read a GGUF's header: validated layout, key/values, tensor table, vocabulary, quant type.
 
 Shared by every runner that reads a GGUF (llama.cpp, gguf-torch) so they agree on what the file
-says. Errors name the file and what is wrong with it, never a parser traceback.
+says. The walk uses gguf-py's own tables (GGUFValueType, GGML_QUANT_SIZES, LlamaFileType) but
+not GGUFReader: that one builds a numpy view per vocabulary string and merge (~2.5 s for a
+49k-token vocabulary, paid at every pytest start); this walk reads the same header in ~0.1 s.
+tests/test_gguf_file.py checks it against GGUFReader. Errors name the file and the problem.
 """
 from __future__ import annotations
 
+import mmap
+import struct
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -17,8 +23,7 @@ GGUF_MAGIC = b"GGUF"
 
 
 def open_gguf(path: Path) -> "GGUFFile":
-    """One parsed GGUFFile per file and process: gguf-py's full parse costs ~2 s for a 49k-token
-    vocabulary, and several runners (or the reference and a candidate) may read the same file."""
+    """One parsed GGUFFile per file and process (the reference and a candidate may share one)."""
     path = Path(path).resolve()
     stat = path.stat() if path.exists() else None
     key = (path, stat and (stat.st_size, stat.st_mtime_ns))
@@ -30,6 +35,16 @@ def open_gguf(path: Path) -> "GGUFFile":
 _OPEN: dict = {}
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # GGUF order (ne0 first)
+    type_name: str  # GGMLQuantizationType name, "Q4_K", "F16", ...
+    n_elements: int
+    n_bytes: int
+    offset: int  # absolute position in the file
+
+
 class GGUFFile:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -39,35 +54,19 @@ class GGUFFile:
             magic = f.read(4)
         if magic != GGUF_MAGIC:
             raise ModelDiffError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
-        self.reader  # parse the header now (memory-mapped, cheap) so a bad file fails before any run
-
-    @cached_property
-    def reader(self):
-        import gguf
-
         size = self.path.stat().st_size
         try:
-            reader = gguf.GGUFReader(self.path)
-        except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad files
+            self.metadata, self.tensors = _read_header(self.path)
+        except (struct.error, ValueError, KeyError, UnicodeDecodeError, IndexError) as exc:
             raise ModelDiffError(f"{self.path}: truncated or corrupt GGUF, the file has {size} bytes "
-                                 f"(gguf: {exc})") from None
-        end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+                                 f"(header: {exc})") from None
+        end = max((t.offset + t.n_bytes for t in self.tensors), default=0)
         if end > size:
-            raise ModelDiffError(f"{self.path}: truncated GGUF, tensor data needs {end} bytes, the file has {size}")
-        return reader
-
-    @cached_property
-    def metadata(self) -> dict[str, Any]:
-        """All key/values as Python scalars, strings and lists (GGUF.* header fields dropped)."""
-        out = {}
-        for key, field in self.reader.fields.items():
-            if not key.startswith("GGUF."):
-                out[key] = field.contents()
-        return out
+            raise ModelDiffError(f"{self.path}: truncated GGUF, tensor data needs {end} bytes, the file has {size} bytes")
 
     @cached_property
     def tensor_names(self) -> set[str]:
-        return {t.name for t in self.reader.tensors}
+        return {t.name for t in self.tensors}
 
     @property
     def quant_type(self) -> str:
@@ -81,9 +80,9 @@ class GGUFFile:
             except ValueError:
                 pass
         counts: dict[str, int] = {}
-        for t in self.reader.tensors:
+        for t in self.tensors:
             if len(t.shape) > 1:
-                counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
+                counts[t.type_name] = counts.get(t.type_name, 0) + t.n_elements
         return max(counts, key=counts.get) if counts else "GUESSED"
 
     def hparams(self) -> dict[str, Any]:
@@ -108,3 +107,66 @@ class GGUFFile:
 
 def _flag(value) -> bool | None:
     return None if value is None else bool(value)
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """Walk GGUF v2/v3 (little-endian): magic, version, counts, key/values, tensor infos."""
+    import gguf
+
+    vt = gguf.GGUFValueType
+    scalar = {vt.UINT8: "B", vt.INT8: "b", vt.UINT16: "H", vt.INT16: "h", vt.UINT32: "I", vt.INT32: "i",
+              vt.FLOAT32: "f", vt.BOOL: "?", vt.UINT64: "Q", vt.INT64: "q", vt.FLOAT64: "d"}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        pos = 4
+
+        def take(fmt: str):
+            nonlocal pos
+            values = struct.unpack_from("<" + fmt, buf, pos)
+            pos += struct.calcsize("<" + fmt)
+            return values[0] if len(values) == 1 else values
+
+        def string() -> str:
+            nonlocal pos
+            n = take("Q")
+            if pos + n > len(buf):
+                raise ValueError(f"string of {n} bytes runs past the end of the file")
+            pos += n
+            return buf[pos - n:pos].decode("utf-8", errors="replace")
+
+        def value(kind: int):
+            if kind == vt.STRING:
+                return string()
+            if kind == vt.ARRAY:
+                item, count = take("I"), take("Q")
+                if item == vt.STRING:
+                    return [string() for _ in range(count)]
+                if item == vt.ARRAY:
+                    return [value(vt.ARRAY) for _ in range(count)]
+                return list(take(f"{count}{scalar[vt(item)]}")) if count else []
+            return take(scalar[vt(kind)])
+
+        version = take("I")
+        if version not in (2, 3):
+            raise ValueError(f"unsupported GGUF version {version} (big-endian file?)")
+        n_tensors, n_kv = take("Q"), take("Q")
+        metadata = {}
+        for _ in range(n_kv):
+            key = string()
+            metadata[key] = value(take("I"))
+        infos = []
+        for _ in range(n_tensors):
+            name, n_dims = string(), take("I")
+            shape = tuple(take("Q") for _ in range(n_dims))
+            qtype, offset = gguf.GGMLQuantizationType(take("I")), take("Q")
+            infos.append((name, shape, qtype, offset))
+        alignment = int(metadata.get("general.alignment", 32))
+        data_start = pos + (-pos % alignment)
+    tensors = []
+    for name, shape, qtype, offset in infos:
+        n_elements = 1
+        for dim in shape:
+            n_elements *= dim
+        block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        tensors.append(TensorInfo(name, shape, qtype.name, n_elements, n_elements // block * block_bytes,
+                                  data_start + offset))
+    return metadata, tensors

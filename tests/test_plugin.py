@@ -137,7 +137,7 @@ def test_missing_and_wrong_files_are_named(run, tmp_path, demo_cand):
     truncated.write_bytes(demo_cand.read_bytes()[: demo_cand.stat().st_size // 2])
     result = run(cand=truncated)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: {truncated}: truncated * GGUF, the file has * bytes*"])
+    result.stderr.fnmatch_lines([f"ERROR: {truncated}: truncated GGUF, tensor data needs * bytes, the file has * bytes"])
 
     result = run(cand=None)
     result.stderr.fnmatch_lines(["ERROR: --ref-model needs at least one --cand-model*"])
