@@ -76,8 +76,16 @@ class PositionStats:
     ref_top: np.ndarray  # (n, TOPK_KEPT) ids, best first
     cand_top: np.ndarray
 
+    ROWS_PER_CHUNK = 16  # ~6 MB of float64 per side: the passes below then run in cache (3x faster)
+
     @classmethod
     def measure(cls, seq: int, positions: np.ndarray, n_tokens: int, ref: np.ndarray, cand: np.ndarray):
+        step = cls.ROWS_PER_CHUNK
+        return cls.concat([cls._measure_rows(seq, positions[i:i + step], n_tokens, ref[i:i + step], cand[i:i + step])
+                           for i in range(0, len(positions), step)])
+
+    @classmethod
+    def _measure_rows(cls, seq, positions, n_tokens, ref, cand):
         import torch
 
         r = torch.tensor(ref, dtype=torch.float64)  # one float64 copy each, shared below
