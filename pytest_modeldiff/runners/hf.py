@@ -125,12 +125,13 @@ class HFRunner(TorchCausalLM):
     def vocab(self) -> VocabInfo:
         return self._vocab
 
+    @cached_property
     def _tokenizer_json(self) -> dict:
         path = self.path / "tokenizer.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def _merges(self) -> list[str] | None:
-        merges = self._tokenizer_json().get("model", {}).get("merges")
+        merges = self._tokenizer_json.get("model", {}).get("merges")
         if merges is None:
             return None
         return [m if isinstance(m, str) else " ".join(m) for m in merges]
@@ -138,7 +139,7 @@ class HFRunner(TorchCausalLM):
 
     def _scores(self) -> list[float] | None:
         """Piece scores: tokenizer.json's Unigram vocabulary, else SentencePiece's tokenizer.model."""
-        model = self._tokenizer_json().get("model", {})
+        model = self._tokenizer_json.get("model", {})
         if model.get("type") == "Unigram":
             return [float(score) for _, score in model["vocab"]]
         if (self.path / "tokenizer.model").is_file():
