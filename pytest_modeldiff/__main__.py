@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .registry import CHECKS, RUNNERS
+from .registry import CHECKS, RUNNERS, parse_check_list
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -21,14 +21,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cand-runner", choices=RUNNERS)
     p.add_argument("--eval-text", type=Path, metavar="FILE")
     p.add_argument("--eval-dataset", type=Path, metavar="FILE.parquet")
-    p.add_argument("--eval-column", default="text")
-    p.add_argument("--eval-rows", type=int, default=8)
-    p.add_argument("--eval-length", type=int, default=256)
+    p.add_argument("--eval-column")
+    p.add_argument("--eval-rows", type=int)
+    p.add_argument("--eval-length", type=int)
     p.add_argument("--threshold", "--modeldiff-threshold", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--checks", default=",".join(CHECKS), help="comma-separated subset of: " + ", ".join(CHECKS))
     p.add_argument("--dump-dir", "--modeldiff-dump-dir", type=Path, metavar="DIR")
     p.add_argument("--json", "--modeldiff-json", type=Path, metavar="PATH")
-    p.add_argument("--device", "--modeldiff-device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", "--modeldiff-device", choices=("cpu", "cuda"))
     p.add_argument("--threads", type=int)
     return p.parse_args(argv)
 
@@ -41,17 +41,14 @@ def main(argv=None) -> int:
     from .report import failure_message, summary, to_json, write_json
     from .thresholds import Thresholds
 
-    names = [n.strip() for n in args.checks.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        print(f"error: --checks: unknown check(s) {', '.join(unknown)}", file=sys.stderr)
-        return 2
-    settings = Settings(
+    given = {k: v for k, v in dict(
         eval_text=args.eval_text, eval_dataset=args.eval_dataset, eval_column=args.eval_column,
         eval_rows=args.eval_rows, eval_length=args.eval_length, device=args.device, threads=args.threads,
-        dump_dir=args.dump_dir, ref_runner=args.ref_runner, cand_runner=args.cand_runner)
+        dump_dir=args.dump_dir, ref_runner=args.ref_runner, cand_runner=args.cand_runner).items() if v is not None}
+    engine = None
     try:
-        engine = ModelDiff(args.ref_model, args.cand_model, settings, Thresholds(args.threshold),
+        names = parse_check_list(args.checks, "--checks")
+        engine = ModelDiff(args.ref_model, args.cand_model, Settings(**given), Thresholds(args.threshold),
                            progress=lambda message: print(f"modeldiff: {message}", file=sys.stderr))
         reports, failed = {}, False
         for key in engine.candidates:
@@ -65,10 +62,12 @@ def main(argv=None) -> int:
                     print(failure_message(result, cmp) + "\n")
         if args.json:
             write_json(args.json, to_json(reports))
-        engine.close()
     except ModelDiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if engine is not None:
+            engine.close()  # models and the reference spill file, also on Ctrl-C
     return 1 if failed else 0
 
 

@@ -166,8 +166,8 @@ def topk_agreement(s: PositionStats, k: int) -> np.ndarray:
     return metrics.agreement_of_ids(s.ref_top[:, :k], s.cand_top[:, :k])
 
 
-def topk_agreement_metric(k: int) -> LogitMetric:
-    return LogitMetric(f"top-{k} ordered agreement", lambda s, v: float(topk_agreement(s, k).mean()),
+def topk_agreement_metric(k: int, label: str = "") -> LogitMetric:
+    return LogitMetric(label or f"top-{k} ordered agreement", lambda s, v: float(topk_agreement(s, k).mean()),
                        lambda s: -topk_agreement(s, k))
 
 
@@ -176,8 +176,7 @@ LOGIT_METRICS = {
     "nmse": LogitMetric("nmse", lambda s, v: metrics.nmse_pooled(s.sse, s.ref_sum, s.ref_sumsq, v), None),
     "max_abs": LogitMetric("max |diff|", lambda s, v: float(np.max(s.max_abs)), lambda s: s.max_abs),
     "top10": topk_overlap_metric(10),
-    "same_top": LogitMetric("same top-1", lambda s, v: float(topk_agreement(s, 1).mean()),
-                            lambda s: -topk_agreement(s, 1)),
+    "same_top": topk_agreement_metric(1, "same top-1"),
 }
 
 
@@ -246,15 +245,17 @@ def _explain(result: CheckResult, cmp: Comparison, metric: LogitMetric) -> None:
 
 
 def _hint(cmp: Comparison) -> str:
-    """Point at the likely cause from where the error sits along the sequence."""
+    """Point at the likely cause from where along the sequence the error sits. At position 0
+    rope is the identity and attention sees one token, so a clean position 0 with errors after
+    it points at rope or attention; an error already at position 0 points at weights or norms."""
     stats = cmp.stats
     kld = np.nan_to_num(stats.kld, nan=np.inf)
-    early, late = kld[stats.pos < 4], kld[stats.pos >= 16]
-    if len(early) and len(late) and np.mean(late) > 10 * max(np.mean(early), 1e-12):
-        where = ("error grows with position: suspect rope (freq base, scaling, Q/K permutation) "
-                 "or attention (window, soft-capping)")
+    first, later = kld[stats.pos == 0], kld[stats.pos > 0]
+    if len(first) and len(later) and np.mean(later) > 10 * max(np.mean(first), 1e-6):
+        where = ("position 0 is fine and later positions are not: suspect rope (freq base, scaling, Q/K "
+                 "permutation) or attention (heads, kv heads, window, soft-capping)")
     else:
-        where = ("error is present from the first positions: suspect weights (a scaled or wrong tensor, "
+        where = ("the error is there from position 0: suspect weights (a scaled or wrong tensor, "
                  "quantization), norm epsilon or the output head")
     return (f"{where}; compare with --cand-runner gguf-torch to separate weight error (present there too) "
             f"from llama.cpp kernel error, or set the threshold with @pytest.mark.modeldiff(...) / "

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import dumps, evaldata, metrics
-from .errors import ModelDiffError
+from .errors import ModelDiffError, ModelDiffUsageError
 from .registry import quant_class
 from .runners import Runner, make_runner
 from .thresholds import Thresholds
@@ -39,6 +39,14 @@ class Settings:
     dump_dir: Path | None = None
     ref_runner: str | None = None
     cand_runner: str | None = None
+
+    def __post_init__(self):
+        for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise ModelDiffUsageError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ModelDiffUsageError(f"--modeldiff-device: {self.device!r} is not cpu or cuda")
 
     def describe(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -92,11 +100,11 @@ class PositionStats:
         c = torch.tensor(cand, dtype=torch.float64)
         sse, ref_sum, ref_sumsq = metrics.logit_moments(r, c)
         finite = np.isfinite(sse)  # the reference is checked finite, so this flags NaN/Inf candidate rows
-        max_abs, max_abs_id = (c - r).abs().max(-1)
+        max_abs, max_abs_id = metrics.max_abs_diff(r, c)
         return cls(
             seq=np.full(len(positions), seq), pos=positions, is_last=positions == n_tokens - 1,
             finite=finite, kld=np.where(finite, metrics.kl_divergence(r, c), np.nan),
-            max_abs=np.where(finite, max_abs.numpy(), np.nan), max_abs_id=max_abs_id.numpy(),
+            max_abs=np.where(finite, max_abs, np.nan), max_abs_id=max_abs_id,
             sse=sse, ref_sum=ref_sum, ref_sumsq=ref_sumsq,
             ref_top=metrics.top_k_ids(r, TOPK_KEPT), cand_top=metrics.top_k_ids(c, TOPK_KEPT))
 
@@ -166,8 +174,16 @@ class ModelDiff:
 
     def _build_eval_input(self) -> evaldata.EvalInput:
         s, ref = self.settings, self.reference
-        recorded = ref.fixed_sequences() or next(
-            (c.fixed_sequences() for c in self.candidates.values() if c.fixed_sequences()), None)
+        recorded = ref.fixed_sequences()
+        dumps_among = [c for c in self.candidates.values() if c.fixed_sequences()]
+        if recorded is None and dumps_among:
+            if len(dumps_among) < len(self.candidates) or any(
+                    [q.ids for q in c.fixed_sequences()] != [q.ids for q in dumps_among[0].fixed_sequences()]
+                    for c in dumps_among):
+                raise ModelDiffUsageError(
+                    f"{dumps_among[0].path}: a logits dump fixes the tokens it was recorded on; compare it in a "
+                    "run of its own (or with dumps of the same tokens), not beside models that run any text")
+            recorded = dumps_among[0].fixed_sequences()  # the reference runs the recorded ids
         if recorded:
             return evaldata.EvalInput(
                 [(f"recorded {i}", seq.text) for i, seq in enumerate(recorded) if seq.text is not None],
@@ -193,7 +209,8 @@ class ModelDiff:
     def _reference(self) -> "_ReferenceStore":
         if self._ref_store is None:
             sequences = self.eval_input().sequences
-            self._ref_store = _ReferenceStore.run(self.reference, sequences, self._dump_writer(self.reference),
+            self._ref_store = _ReferenceStore.run(self.reference, sequences,
+                                                  lambda: self._dump_writer(self.reference, self.reference.name),
                                                   self.progress)
             if self.settings.dump_dir and self.reference.dump_prefix:
                 self._finish_dumps(self.reference, self._ref_store.writer, self._ref_store.last_row,
@@ -229,7 +246,7 @@ class ModelDiff:
             if (ref_ids := self.reference.tokenize(text)) is not None
             and (cand_ids := cand.tokenize(text)) is not None
         ]
-        writer = self._dump_writer(cand)
+        writer = self._dump_writer(cand, self._dump_name(cand))
         parts, cand_seconds, last_row = [], 0.0, None
         try:
             for i, seq in enumerate(eval_input.sequences):
@@ -276,14 +293,20 @@ class ModelDiff:
         return cmp
 
     # -- dumps -------------------------------------------------------------------------------
-    def _dump_writer(self, runner: Runner) -> dumps.AllPositionsWriter | None:
+    def _dump_name(self, cand: Runner) -> str:
+        """The candidate's key; suffixed if it would overwrite the reference's dump files."""
+        key = next(k for k, r in self.candidates.items() if r is cand)
+        clash = cand.dump_prefix == self.reference.dump_prefix and key == self.reference.name
+        return f"{key}-candidate" if clash else key
+
+    def _dump_writer(self, runner: Runner, name: str) -> dumps.AllPositionsWriter | None:
         if not self.settings.dump_dir or not runner.dump_prefix:
             return None
-        return dumps.AllPositionsWriter(Path(self.settings.dump_dir), runner.dump_prefix, runner.name)
+        return dumps.AllPositionsWriter(Path(self.settings.dump_dir), runner.dump_prefix, name)
 
     def _finish_dumps(self, runner: Runner, writer, last_row, qtype: str) -> None:
         first = self.eval_input().sequences[0]
-        dumps.write_last_position(Path(self.settings.dump_dir), runner.dump_prefix, runner.name,
+        dumps.write_last_position(Path(self.settings.dump_dir), runner.dump_prefix, writer.name,
                                   last_row, first.ids, first.text)
         writer.finish(len(last_row), {
             "model": str(runner.path), "runner": runner.kind, "quant_type": qtype,
@@ -316,12 +339,12 @@ class _ReferenceStore:
         self._spill = None  # (path, file) once spilled
 
     @classmethod
-    def run(cls, runner: Runner, sequences, writer, progress) -> "_ReferenceStore":
+    def run(cls, runner: Runner, sequences, make_writer, progress) -> "_ReferenceStore":
         store = cls()
-        store.writer = writer
         t0 = time.perf_counter()
         runner.load(max(len(seq.ids) for seq in sequences))
         store.load_seconds = time.perf_counter() - t0
+        store.writer = writer = make_writer()  # only once the model loaded: no stray .tmp on failure
         try:
             for i, seq in enumerate(sequences):
                 t0 = time.perf_counter()

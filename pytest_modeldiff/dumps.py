@@ -53,6 +53,7 @@ class AllPositionsWriter:
 
     def __init__(self, out_dir: Path, prefix: str, name: str):
         out_dir.mkdir(parents=True, exist_ok=True)
+        self.name = name
         self.base = out_dir / f"{prefix}-{name}-all"
         self._logits = open(self._tmp(".bin"), "wb")
         self._tokens = open(self._tmp("-tokens.bin"), "wb")
@@ -112,10 +113,15 @@ def read_dump(path: Path) -> tuple[np.ndarray, list[list[int]], list[str | None]
             raise ModelDiffError(f"{p}: {p.stat().st_size} bytes is not a whole number of 4-byte values")
     logits = np.memmap(path, dtype=np.float32, mode="r") if path.stat().st_size else np.zeros(0, np.float32)
     ids = np.fromfile(tokens_path, dtype=np.int32).tolist()
+    if not ids:
+        raise ModelDiffError(f"{tokens_path}: no token ids (empty file)")
     meta_path = companion(path, ".json")
     if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        n_vocab, lengths = int(meta["n_vocab"]), list(meta["sequence_lengths"])
+        try:
+            meta = json.loads(meta_path.read_text())
+            n_vocab, lengths = int(meta["n_vocab"]), [int(n) for n in meta["sequence_lengths"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelDiffError(f"{meta_path}: not a pytest-modeldiff dump description ({exc!r})") from None
         if logits.size != n_vocab * sum(lengths):
             raise ModelDiffError(
                 f"{path}: {logits.size} floats is not {sum(lengths)} positions x {n_vocab} vocabulary "

@@ -51,7 +51,12 @@ def fill_special(text: str, bos: str | None, eos: str | None) -> str:
 def builtin_input(tokenize: Callable[[str], list[int]], max_length: int,
                   bos: str | None, eos: str | None) -> EvalInput:
     texts = [(label, fill_special(text, bos, eos)) for label, text in BUILTIN_PROMPTS]
-    return EvalInput(texts, [EvalSequence(tokenize(t)[:max_length], t, label) for label, t in texts])
+    sequences = []
+    for label, text in texts:
+        ids = tokenize(text)
+        # a cut sequence no longer stands for its whole text (a dump of it must not claim it)
+        sequences.append(EvalSequence(ids[:max_length], text if len(ids) <= max_length else None, label))
+    return EvalInput(texts, sequences)
 
 
 def read_text_file(path: Path) -> str:

@@ -20,11 +20,6 @@ def _2d(x, dtype=torch.float64) -> torch.Tensor:
     return t.to(dtype)
 
 
-def log_softmax(logits) -> np.ndarray:
-    """log_softmax(x)_i = x_i - max(x) - log(sum_j exp(x_j - max(x))), per row."""
-    return torch.log_softmax(_2d(logits), dim=-1).numpy()
-
-
 def kl_divergence(ref, cand) -> np.ndarray:
     """KL(ref || cand) per position: sum_i p_i (log p_i - log q_i), in nats.
 
@@ -34,9 +29,10 @@ def kl_divergence(ref, cand) -> np.ndarray:
     return (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0).numpy()
 
 
-def max_abs_diff(ref, cand) -> np.ndarray:
-    """max_i |cand_i - ref_i| per position."""
-    return (_2d(cand) - _2d(ref)).abs().amax(-1).numpy()
+def max_abs_diff(ref, cand) -> tuple[np.ndarray, np.ndarray]:
+    """max_i |cand_i - ref_i| per position, and the vocabulary id i where it occurs."""
+    values, ids = (_2d(cand) - _2d(ref)).abs().max(-1)
+    return values.numpy(), ids.numpy()
 
 
 def top_k_ids(logits, k: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .registry import CHECKS, RUNNERS  # plain tables, no heavy imports
+from .registry import CHECKS, RUNNERS, parse_check_list  # plain tables, no heavy imports
 
 CHECK_NAMES = tuple(CHECKS)
 RUNNER_NAMES = tuple(RUNNERS)
@@ -42,10 +42,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("modeldiff_checks", "built-in checks to run (comma-separated, or none)", default="")
     parser.addini("modeldiff_dump_dir", "default for --modeldiff-dump-dir", default="")
     parser.addini("modeldiff_json", "default for --modeldiff-json", default="")
-    parser.addini("modeldiff_device", "default for --modeldiff-device", default="cpu")
+    parser.addini("modeldiff_device", "default for --modeldiff-device", default="")
     parser.addini("modeldiff_eval_text", "default for --eval-text", default="")
-    parser.addini("modeldiff_eval_length", "default for --eval-length", default="256")
-    parser.addini("modeldiff_eval_rows", "default for --eval-rows", default="8")
+    parser.addini("modeldiff_eval_length", "default for --eval-length", default="")
+    parser.addini("modeldiff_eval_rows", "default for --eval-rows", default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,48 +78,47 @@ class _State:
         from .errors import ModelDiffError
         from .thresholds import Thresholds
 
-        def opt(name: str, ini: str | None = None, cast=str):
-            value = config.getoption(name)
+        def opt(name: str, ini: str | None = None, cast=str, is_path=False):
+            """The option, else its ini twin (paths relative to the ini file), else None."""
+            value, base = config.getoption(name), None
             if value is None and ini and config.getini(ini) not in ("", None):
-                value = config.getini(ini)
+                value, base = config.getini(ini), config.inipath.parent if config.inipath else None
+            if value is None:
+                return None
+            if is_path:
+                return base / value if base else Path(value)
             try:
-                return None if value is None else cast(value)
+                return cast(value)
             except ValueError:
                 raise pytest.UsageError(f"{name} / ini {ini}: {value!r} is not a valid {cast.__name__}") from None
 
-        def path(value):
-            return None if value is None else Path(value)
+        def given(value, default):
+            return default if value is None else value
 
         candidates = config.getoption("--cand-model")
         if not candidates:
             raise pytest.UsageError("--ref-model needs at least one --cand-model to compare against it")
-        device = opt("--modeldiff-device", "modeldiff_device")
-        if device not in (None, "cpu", "cuda"):
-            raise pytest.UsageError(f"modeldiff_device = {device!r}: choose cpu or cuda")
-        if device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise pytest.UsageError(
-                    f"--modeldiff-device cuda: torch {torch.__version__} sees no CUDA device; use cpu")
-        settings = Settings(
-            eval_text=path(opt("--eval-text", "modeldiff_eval_text")),
-            eval_dataset=path(opt("--eval-dataset")),
-            eval_column=opt("--eval-column") or "text",
-            eval_rows=opt("--eval-rows", "modeldiff_eval_rows", int),
-            eval_length=opt("--eval-length", "modeldiff_eval_length", int),
-            device=device or "cpu",
-            threads=opt("--modeldiff-threads", cast=int),
-            dump_dir=path(opt("--modeldiff-dump-dir", "modeldiff_dump_dir")),
-            ref_runner=config.getoption("--ref-runner"),
-            cand_runner=config.getoption("--cand-runner"),
-        )
-        for name, value in (("--eval-rows", settings.eval_rows), ("--eval-length", settings.eval_length)):
-            if value < 1:
-                raise pytest.UsageError(f"{name} must be >= 1, got {value}")
-        checks = _selected_checks(config)
-        state = cls(config, None, checks)
         try:
+            settings = Settings(
+                eval_text=opt("--eval-text", "modeldiff_eval_text", is_path=True),
+                eval_dataset=opt("--eval-dataset", is_path=True),
+                eval_column=given(opt("--eval-column"), Settings.eval_column),
+                eval_rows=given(opt("--eval-rows", "modeldiff_eval_rows", int), Settings.eval_rows),
+                eval_length=given(opt("--eval-length", "modeldiff_eval_length", int), Settings.eval_length),
+                device=given(opt("--modeldiff-device", "modeldiff_device"), Settings.device),
+                threads=opt("--modeldiff-threads", cast=int),
+                dump_dir=opt("--modeldiff-dump-dir", "modeldiff_dump_dir", is_path=True),
+                ref_runner=config.getoption("--ref-runner"),
+                cand_runner=config.getoption("--cand-runner"),
+            )
+            if settings.device.startswith("cuda"):
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise ModelDiffError(f"--modeldiff-device cuda: torch {torch.__version__} sees no CUDA device; use cpu")
+            checks = parse_check_list(config.getoption("--modeldiff-checks") or config.getini("modeldiff_checks")
+                                      or " ".join(CHECKS), "--modeldiff-checks")
+            state = cls(config, None, checks)
             thresholds = Thresholds(config.getoption("--modeldiff-threshold"), config.getini("modeldiff_thresholds"))
             state.engine = ModelDiff(config.getoption("--ref-model"), candidates, settings, thresholds, state.progress)
         except ModelDiffError as exc:
@@ -140,8 +139,8 @@ class _State:
                 reporter.write_line(f"modeldiff: {message}")
 
     def comparison(self, key: str):
-        """The candidate's comparison; a bad model fails every test that needs it, in one line,
-        and is not retried by each of them."""
+        """The candidate's comparison. A failure is reported once - in full by the first test that
+        needs it (one line for bad input), as one line by the others - and not retried."""
         from .errors import ModelDiffError
 
         if key not in self.errors:
@@ -149,6 +148,9 @@ class _State:
                 return self.engine.compare(key)
             except ModelDiffError as exc:
                 self.errors[key] = str(exc)
+            except Exception as exc:
+                self.errors[key] = f"comparison failed: {type(exc).__name__}: {exc} (traceback in the first failing test)"
+                raise
         pytest.fail(self.errors[key], pytrace=False)
 
     def close(self) -> None:
@@ -157,18 +159,6 @@ class _State:
 
 
 _STATE = pytest.StashKey[_State]()
-
-
-def _selected_checks(config: pytest.Config) -> list[str]:
-    raw = config.getoption("--modeldiff-checks") or config.getini("modeldiff_checks") or ",".join(CHECK_NAMES)
-    names = [n.strip() for n in raw.replace(" ", ",").split(",") if n.strip()]
-    if names == ["none"]:
-        return []
-    unknown = [n for n in names if n not in CHECK_NAMES]
-    if unknown:
-        raise pytest.UsageError(f"--modeldiff-checks: unknown check(s) {', '.join(unknown)}; "
-                                f"known: {', '.join(CHECK_NAMES)}")
-    return names
 
 
 # ------------------------------------------------------------------------- built-in check items
@@ -292,13 +282,15 @@ def modeldiff(request: pytest.FixtureRequest, modeldiff_candidate: str | None):
 
 # ------------------------------------------------------------------------- reporting
 def _all_results(state: _State) -> dict:
-    """Every check for every candidate compared in this run (also those not run as items)."""
-    from .checks import run_checks
+    """The built-in checks (--modeldiff-checks, all if none) of every candidate compared, with
+    CLI > ini > default thresholds; markers belong to the tests that carry them."""
+    from .checks import run_check
 
+    names = state.checks or list(CHECKS)
     out = {}
     for key, cmp in state.engine.computed().items():
         thresholds = state.engine.thresholds.resolve(cmp.quant_class)
-        out[key] = (cmp, run_checks(cmp, thresholds))
+        out[key] = (cmp, [run_check(name, cmp, thresholds) for name in names])
     return out
 
 
@@ -309,7 +301,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     from .report import summary, to_json, write_json
 
     results = _all_results(state)
-    terminalreporter.section("modeldiff summary")
+    terminalreporter.section("modeldiff summary (built-in checks; thresholds from CLI > ini > default)")
     for cmp, checks in results.values():
         for line in summary(cmp, checks):
             terminalreporter.write_line(line)

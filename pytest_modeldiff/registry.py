@@ -38,7 +38,6 @@ class Check:
     title: str
     direction: str
     defaults: dict[str, float] = field(default_factory=dict)
-    unit: str = ""
 
     @property
     def has_threshold(self) -> bool:
@@ -100,6 +99,19 @@ RUNNERS = {
     "gguf-torch": "pytest_modeldiff.runners.gguf_torch:GGUFTorchRunner",
     "dump": "pytest_modeldiff.runners.dump:DumpRunner",
 }
+
+def parse_check_list(raw: str, source: str) -> list[str]:
+    """"kld,tokens" / "kld tokens" -> names in that order; "none" -> []; unknown names are errors."""
+    from .errors import ModelDiffUsageError
+
+    names = [n for n in raw.replace(",", " ").split() if n]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ModelDiffUsageError(f"{source}: unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+    return names
+
 
 # Checks that take a numeric threshold (marker / CLI / ini keys).
 THRESHOLD_KEYS = tuple(name for name, c in CHECKS.items() if c.has_threshold)

@@ -21,3 +21,8 @@ def test_cli_bad_input_exits_2_with_one_line(demo_ref, tmp_path):
     result = run("--ref-model", demo_ref, "--cand-model", tmp_path / "missing.gguf")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {tmp_path / 'missing.gguf'}: no such file or directory"
+
+
+def test_cli_validates_settings(demo_ref, demo_cand):
+    result = run("--ref-model", demo_ref, "--cand-model", demo_cand, "--eval-length", "0")
+    assert result.returncode == 2 and result.stderr.strip() == "error: --eval-length must be an integer >= 2, got 0"

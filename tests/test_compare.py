@@ -24,4 +24,5 @@ def test_reference_spilled_to_disk_gives_the_same_numbers(demo_ref, demo_cand, m
     np.testing.assert_array_equal(in_memory.ref_top, spilled.ref_top)
     assert set(timings) == {"reference_forward_s", "reference_load_s", "candidate_forward_s",
                             "candidate_load_s", "comparison_s", "overhead_s"}
-    assert timings["comparison_s"] >= timings["candidate_forward_s"] + timings["reference_forward_s"]
+    assert timings["reference_load_s"] > 0 and timings["candidate_forward_s"] > 0
+    assert 0 < timings["overhead_s"] < timings["comparison_s"]

@@ -60,7 +60,8 @@ def test_token_failure_names_position_ids_and_pieces(tiny_results):
 def test_logit_failure_reports_worst_positions(tiny_results):
     kld = tiny_results["broken-qk-unpermuted-f16"]["kld"]
     assert len(kld.details) == 5 and all(d.startswith("sequence '") for d in kld.details)
-    assert kld.hint
+    assert kld.hint.startswith("position 0 is fine and later positions are not: suspect rope")
+    assert tiny_results["broken-layer-scaled-f16"]["kld"].hint.startswith("the error is there from position 0")
 
 
 def test_gguf_torch_matches_transformers_on_f32_and_isolates_weight_error(tiny):
@@ -86,3 +87,11 @@ def test_any_runner_can_be_the_reference(tiny):
         assert SKIPPED not in results.values()
     finally:
         md.close()
+
+
+def test_logits_use_the_reference_ids_even_when_the_candidate_tokenizes_differently(tiny_results, tiny):
+    """add-bos-flipped: llama.cpp would prepend BOS, but every logit metric ran on the reference's ids,
+    so the logits agree (f16 level) while the tokens check reports the tokenizer bug."""
+    results = tiny_results["broken-add-bos-flipped-f16"]
+    assert results["tokens"].status == FAILED
+    assert results["kld"].status == PASSED and results["kld"].value < 1e-4

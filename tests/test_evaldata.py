@@ -53,7 +53,7 @@ def test_text_file_errors(tmp_path):
 
 
 @pytest.mark.parametrize("source", ["text", "parquet"])
-def test_engine_feeds_reference_ids_to_both_models(demo_ref, demo_cand, tmp_path, source):
+def test_engine_cuts_text_and_dataset_into_sequences(demo_ref, demo_cand, tmp_path, source):
     if source == "text":
         (tmp_path / "eval.txt").write_text(TEXT)
         settings = Settings(eval_text=tmp_path / "eval.txt", eval_rows=2, eval_length=24)

@@ -82,4 +82,5 @@ def test_topk_overlap_and_agreement_by_hand():
 
 
 def test_max_abs_diff():
-    assert metrics.max_abs_diff(np.array([1.0, -2.0, 3.0]), np.array([1.5, -4.0, 3.0]))[0] == 2.0
+    values, ids = metrics.max_abs_diff(np.array([1.0, -2.0, 3.0]), np.array([1.5, -4.0, 3.0]))
+    assert (values[0], ids[0]) == (2.0, 1)

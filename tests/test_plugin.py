@@ -20,6 +20,10 @@ def test_kld_marker_too_tight(modeldiff):
 def test_kld_marker_loose(modeldiff):
     modeldiff.assert_kld()
 
+@pytest.mark.modeldiff(kld=1e-12)
+def test_argument_beats_marker(modeldiff):
+    modeldiff.assert_kld(max=1.0)
+
 def test_topk(modeldiff):
     modeldiff.assert_topk_overlap(k=5, min=0.5)
     modeldiff.assert_nmse()
@@ -40,7 +44,7 @@ def run(pytester, demo_ref, demo_cand):
 def test_without_ref_model_the_plugin_stays_out_of_the_way(pytester, run):
     pytester.makepyfile(USER_TEST)
     result = run("-rs", ref=None, cand=None)
-    result.assert_outcomes(skipped=4)
+    result.assert_outcomes(skipped=5)
     result.stdout.fnmatch_lines(["*pytest-modeldiff: no --ref-model given*"])
     assert "modeldiff summary" not in result.stdout.str()
 
@@ -86,8 +90,9 @@ def test_marker_beats_cli_beats_ini(pytester, run):
     pytester.makeini("[pytest]\nmodeldiff_thresholds =\n    nmse=1e-12\n")
     pytester.makepyfile(USER_TEST)
     result = run("--modeldiff-checks", "none", "--modeldiff-threshold", "kld=1e-12", "--modeldiff-threshold", "nmse=1")
-    # kld: marker 1e-12 fails, marker 1.0 wins over the CLI's 1e-12; nmse: CLI 1 wins over ini 1e-12
-    result.assert_outcomes(passed=3, failed=1)
+    # kld: marker 1e-12 fails, marker 1.0 wins over the CLI's 1e-12, an argument wins over a marker;
+    # nmse: CLI 1 wins over ini 1e-12
+    result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(["*test_kld_marker_too_tight[[]demo-q8_0[]]*", "*threshold 1e-12 from marker*"])
 
 
@@ -115,7 +120,8 @@ def test_unknown_marker_key_is_an_error_naming_the_key(pytester, run):
 @pytest.mark.parametrize("args, message", [
     (["--modeldiff-threshold", "kdl=1"], "ERROR: unknown threshold key 'kdl' in --modeldiff-threshold*"),
     (["--modeldiff-checks", "kld,bogus"], "ERROR: --modeldiff-checks: unknown check(s) bogus*"),
-    (["--eval-length", "0"], "ERROR: --eval-length must be >= 1, got 0"),
+    (["--eval-length", "0"], "ERROR: --eval-length must be an integer >= 2, got 0"),
+    (["--modeldiff-threads=-1"], "ERROR: --threads must be an integer >= 1, got -1"),
 ])
 def test_usage_errors_exit_4_with_one_line(run, args, message):
     result = run(*args)
@@ -192,3 +198,19 @@ def test_dump_candidate_with_nan_and_wrong_size(pytester, run, tmp_path, demo_re
     result.stdout.fnmatch_lines(["*vocabulary size mismatch: *llamacpp-bad.bin gives 49153 logits per position, "
                                  "*hf gives 49152*"])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_dump_names_follow_candidate_keys_and_dumps_do_not_mix_with_models(run, tmp_path, demo_ref, demo_cand, pytester):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(demo_cand, tmp_path / folder / "m.gguf")
+    out = tmp_path / "data"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={tmp_path / 'a/m.gguf'}",
+                                f"--cand-model={tmp_path / 'b/m.gguf'}", f"--modeldiff-dump-dir={out}", "--modeldiff-checks=kld")
+    result.assert_outcomes(passed=2)
+    assert {"llamacpp-m.bin", "llamacpp-m-2.bin", "llamacpp-m-all.json", "llamacpp-m-2-all.json"} <= {p.name for p in out.iterdir()}
+
+    mixed = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
+                               f"--cand-model={out / 'llamacpp-m.bin'}")
+    assert mixed.ret == 1
+    mixed.stdout.fnmatch_lines(["*llamacpp-m.bin: a logits dump fixes the tokens it was recorded on*"])

@@ -11,7 +11,7 @@ def test_plugin_import_pulls_in_no_heavy_module():
     assert out.strip() == "[]"
 
 
-def test_pytest_version_run_loads_no_heavy_module(pytester):
+def test_collect_only_run_without_ref_model_loads_no_heavy_module(pytester):
     pytester.makeconftest(f"""
 import sys
 def pytest_unconfigure(config):

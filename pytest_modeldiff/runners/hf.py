@@ -22,6 +22,10 @@ class TorchCausalLM(Runner):
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         import torch
 
+        n_embd_rows = self.model.get_input_embeddings().num_embeddings
+        if not ids or min(ids) < 0 or max(ids) >= n_embd_rows:
+            raise ModelDiffError(f"{self.path}: token ids must be 0..{n_embd_rows - 1} (got "
+                                 f"{len(ids)} ids, range {min(ids, default=None)}..{max(ids, default=None)})")
         with torch.inference_mode():
             input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
             out = self.model(input_ids=input_ids, use_cache=False)

@@ -45,8 +45,15 @@ class LlamaCppRunner(Runner):
         return self.gguf.quant_type
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
+        n_vocab = self.llm.n_vocab()
+        if not ids or min(ids) < 0 or max(ids) >= n_vocab:
+            raise ModelDiffError(f"{self.path}: token ids must be 0..{n_vocab - 1} (got {len(ids)} ids, "
+                                 f"range {min(ids, default=None)}..{max(ids, default=None)})")
         self.llm.reset()
-        self.llm.eval(list(ids))
+        try:
+            self.llm.eval(list(ids))
+        except Exception as exc:  # llama_decode failures surface as RuntimeError
+            raise ModelDiffError(f"{self.path}: llama.cpp could not evaluate {len(ids)} tokens: {exc}") from None
         return np.array(self.llm.scores[: len(ids)], dtype=np.float32)
 
     def _vocab_model(self):
@@ -54,7 +61,10 @@ class LlamaCppRunner(Runner):
         if self.llm is None:
             from llama_cpp import Llama
 
-            self.llm = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
+            try:
+                self.llm = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
+            except Exception as exc:
+                raise ModelDiffError(f"{self.path}: llama.cpp could not load the vocabulary: {exc}") from None
         return self.llm
 
     def tokenize(self, text: str) -> list[int]:
