@@ -70,6 +70,7 @@ class _State:
         self.engine = engine
         self.checks = checks
         self.errors: dict[str, str] = {}  # candidate key -> why it could not be compared
+        self._results: dict[tuple[str, str], object] = {}  # (candidate key, check) -> CheckResult
         self._last_progress = 0.0
 
     @classmethod
@@ -153,6 +154,16 @@ class _State:
                 raise
         pytest.fail(self.errors[key], pytrace=False)
 
+    def result(self, key: str, check: str):
+        """One built-in check of one candidate (CLI > ini > default thresholds), computed once for
+        its test item and the end-of-run summary and JSON."""
+        from .checks import run_check
+
+        if (key, check) not in self._results:
+            cmp = self.comparison(key)
+            self._results[key, check] = run_check(check, cmp, self.engine.thresholds.resolve(cmp.quant_class))
+        return self._results[key, check]
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
@@ -178,12 +189,12 @@ class ModelDiffItem(pytest.Item):
         self.check = check
 
     def runtest(self) -> None:
-        from .checks import ERROR, FAILED, SKIPPED, run_check
+        from .checks import ERROR, FAILED, SKIPPED
         from .report import failure_message
 
         state = self.config.stash[_STATE]
         cmp = state.comparison(self.candidate)
-        result = run_check(self.check, cmp, state.engine.thresholds.resolve(cmp.quant_class))
+        result = state.result(self.candidate, self.check)
         if result.status == SKIPPED:
             pytest.skip(f"modeldiff {self.check}: {result.reason}")
         if result.status == ERROR:
@@ -284,14 +295,8 @@ def modeldiff(request: pytest.FixtureRequest, modeldiff_candidate: str | None):
 def _all_results(state: _State) -> dict:
     """The built-in checks (--modeldiff-checks, all if none) of every candidate compared, with
     CLI > ini > default thresholds; markers belong to the tests that carry them."""
-    from .checks import run_check
-
     names = state.checks or list(CHECKS)
-    out = {}
-    for key, cmp in state.engine.computed().items():
-        thresholds = state.engine.thresholds.resolve(cmp.quant_class)
-        out[key] = (cmp, [run_check(name, cmp, thresholds) for name in names])
-    return out
+    return {key: (cmp, [state.result(key, name) for name in names]) for key, cmp in state.engine.computed().items()}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -18,12 +18,8 @@ __all__ = ["RUNNERS", "FixedSequence", "Runner", "VocabInfo", "detect_runner", "
 def detect_runner(path: Path) -> str:
     """hf for a folder with config.json, llamacpp for .gguf, dump for X.bin beside X-tokens.bin."""
     path = Path(path)
-    if not path.exists():
-        raise ModelDiffError(f"{path}: no such file or directory")
     if path.is_dir():
-        if (path / "config.json").is_file():
-            return "hf"
-        raise ModelDiffError(f"{path}: folder has no config.json (not a Hugging Face model folder)")
+        return "hf"  # HFRunner names a missing config.json
     if path.suffix == ".gguf":
         return "llamacpp"
     if path.suffix == ".bin":
@@ -35,10 +31,10 @@ def detect_runner(path: Path) -> str:
 
 def make_runner(path: Path, runner: str | None = None, device: str = "cpu", threads: int | None = None) -> Runner:
     """Validate ``path`` and build its runner (auto-detected unless ``runner`` names one)."""
+    if not Path(path).exists():
+        raise ModelDiffError(f"{path}: no such file or directory")
     kind = runner or detect_runner(path)
     if kind not in RUNNERS:
         raise ModelDiffUsageError(f"unknown runner {kind!r}; choose from {', '.join(RUNNERS)}")
-    if not Path(path).exists():
-        raise ModelDiffError(f"{path}: no such file or directory")
     module, cls = RUNNERS[kind].split(":")
     return getattr(importlib.import_module(module), cls)(Path(path), device=device, threads=threads)
