@@ -140,10 +140,11 @@ def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     key = next(iter(md.candidates))
     ref, cand = md.reference, md.candidates[key]
     for runner in (ref, cand):
-        for attr, bucket in (("load", "load"), ("logits", "forward"), ("tokenize", "tokenize"), ("vocab", "vocab")):
+        for attr, bucket in (("load", "load"), ("forward", "forward"), ("tokenize", "tokenize"), ("vocab", "vocab")):
             b.patch(runner, attr, bucket)
-    sequences = md.eval_input().sequences  # loads the reference; compare reuses both
-    cand.load(max(len(seq.ids) for seq in sequences))  # compare closes the candidate when done
+    sequences = md.eval_input().sequences
+    for runner in (ref, cand):  # compare reuses the loaded models (and closes the candidate when done)
+        runner.load(max(len(seq.ids) for seq in sequences))
     paused = time.perf_counter()  # the bare forward passes, outside the engine and outside total
     bare = sum(_seconds(type(r).logits, r, seq.ids) for seq in sequences for r in (ref, cand))
     t0 += time.perf_counter() - paused

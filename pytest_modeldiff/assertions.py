@@ -11,7 +11,8 @@ import unittest
 from . import checks
 from .compare import Comparison
 from .report import failure_message
-from .thresholds import Threshold, validate
+from .registry import CHECKS
+from .thresholds import LayerLimits, Threshold, validate
 
 
 class ModelDiffAssertions:
@@ -24,11 +25,21 @@ class ModelDiffAssertions:
             return self.thresholds[name]
         return Threshold(validate({name: limit}, "the assertion argument")[name], "argument")
 
-    def check(self, name: str, limit: float | None = None) -> checks.CheckResult:
+    def check(self, name: str, limit=None) -> checks.CheckResult:
         """Run one registered check; ``limit`` overrides its threshold for this call."""
         if name in checks.EXACT_CHECKS:
             return checks.run_check(name, self.comparison, self.thresholds)
+        if name == "layers":
+            return checks.check_layers(self.comparison, self._layer_limits(limit))
         return checks.check_logits(name, self.comparison, self._threshold(name, limit))
+
+    def _layer_limits(self, limit) -> Threshold:
+        """An argument (number or {pattern: number}) goes before the resolved per-layer limits."""
+        resolved = self.thresholds[CHECKS["layers"].threshold_key]
+        if limit is None:
+            return resolved
+        patterns = validate({"rfn": limit}, "the assertion argument")["rfn"]
+        return Threshold(LayerLimits((("argument", tuple(patterns.items())), *resolved.value.sources)), "argument")
 
     def _verify(self, result: checks.CheckResult) -> checks.CheckResult:
         """Failed or not computable: AssertionError with the table. Not applicable (a dump has
@@ -86,3 +97,10 @@ class ModelDiffAssertions:
             raise ValueError(f"assert_topk_agreement: k must be between 1 and {checks.TOPK_KEPT}, got {k}")
         metric = checks.topk_agreement_metric(k)
         return self._verify(checks.check_logits("same_top", self.comparison, self._threshold("same_top", min), metric))
+
+    def assert_layer_rfn(self, max=None):
+        """Every layer's mean rfn = ||h_cand - h_ref||_F / ||h_ref||_F within its limit: ``max`` is a
+        number or {layer pattern: number} ("0-3", "5", "embd", "norm", "*"), else the rfn threshold
+        (marker > CLI > ini > default). Fails with the per-layer table and the first offending layer."""
+        __tracebackhide__ = True
+        return self._verify(self.check("layers", max))

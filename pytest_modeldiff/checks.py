@@ -10,8 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import mapping, metrics
+from . import layers, mapping, metrics
 from .compare import TOPK_KEPT, Comparison, PositionStats
+from .layers import describe
 from .registry import CHECKS, HIGHER
 from .runners.base import VocabInfo
 from .thresholds import Threshold
@@ -45,7 +46,7 @@ class CheckResult:
         return self.status in (PASSED, SKIPPED)
 
 
-def _fmt(x: float) -> str:
+def fmt(x: float) -> str:
     if x is None or not np.isfinite(x):
         return str(x)
     return f"{x:.4g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.3e}"
@@ -207,7 +208,7 @@ def check_logits(name: str, cmp: Comparison, threshold: Threshold, metric: Logit
     for scope, subset in _scopes(stats):
         value = metric.aggregate(subset, cmp.n_vocab)
         ok = _passes(value, threshold.value, check.direction)
-        result.rows.append(Row(f"{metric.label}, {scope}", _fmt(value), f"{symbol} {_fmt(threshold.value)}", ok))
+        result.rows.append(Row(f"{metric.label}, {scope}", fmt(value), f"{symbol} {fmt(threshold.value)}", ok))
         if result.value is None:
             result.value = value
         if not ok:
@@ -217,7 +218,7 @@ def check_logits(name: str, cmp: Comparison, threshold: Threshold, metric: Logit
         result.rows[0].value += f" ({result.extra['nmse_db']:.1f} dB, {result.extra['verdict']})"
     if name == "kld" and stats.finite.all():
         result.extra = {"median": float(np.median(stats.kld)), "max": float(np.max(stats.kld))}
-        result.rows[0].value += f" (median {_fmt(result.extra['median'])}, max {_fmt(result.extra['max'])})"
+        result.rows[0].value += f" (median {fmt(result.extra['median'])}, max {fmt(result.extra['max'])})"
     if name == "same_top":  # exllamav2's ordered top-k agreement, k = 1..5, for the report
         result.extra = {f"agreement@{k}": float(topk_agreement(stats, k).mean()) for k in range(1, 6)}
     if result.status == FAILED:
@@ -239,7 +240,7 @@ def _explain(result: CheckResult, cmp: Comparison, metric: LogitMetric) -> None:
             ref_next, cand_next = int(stats.ref_top[idx, 0]), int(stats.cand_top[idx, 0])
             result.details.append(
                 f"sequence '{cmp.eval.sequences[s].label}' position {p} after {cmp.context(s, p)!r}: "
-                f"kld {_fmt(stats.kld[idx])}, max|diff| {_fmt(stats.max_abs[idx])}, "
+                f"kld {fmt(stats.kld[idx])}, max|diff| {fmt(stats.max_abs[idx])}, "
                 f"top-1 reference {cmp.reference.piece(ref_next)!r} vs candidate {cmp.candidate.piece(cand_next)!r}")
     result.hint = _hint(cmp)
 
@@ -263,12 +264,84 @@ def _hint(cmp: Comparison) -> str:
             "is expected to be this far off")
 
 
+# --------------------------------------------------------------------------- per-layer check
+def check_layers(cmp: Comparison, threshold: Threshold) -> CheckResult:
+    """Every layer's mean rfn against its limit (``threshold.value`` is a LayerLimits). The
+    report names the first layer over its limit and the largest jump: error accumulates with
+    depth, so the first excess, not the largest value, is where a conversion breaks."""
+    if cmp.layers is None:
+        reason = cmp.layers_error or ("hidden states were not captured: add 'layers' to --modeldiff-checks "
+                                      "(or Settings(layers=True))")
+        return CheckResult("layers", cmp.name, ERROR, reason=reason)
+    st = cmp.layers
+    rfn, rfn_max, cos_err, sqnr, iso = st.rfn_mean, st.rfn_max, st.cos_err.mean(0), st.sqnr_db, st.isolated_mean
+    per_layer, first = [], None
+    for i, name in enumerate(st.names):
+        limit = threshold.value.for_layer(name)
+        kept = i <= st.kept and st.kept > 0
+        ok = kept or _passes(rfn[i], limit.value, CHECKS["layers"].direction)
+        if not ok and first is None:
+            first = i
+        per_layer.append({"name": name, "rfn_mean": rfn[i], "rfn_max": rfn_max[i], "cos_err": cos_err[i],
+                          "sqnr_db": sqnr[i], "isolated_rfn": None if iso is None else iso[i],
+                          "threshold": limit.value, "threshold_source": limit.source, "passed": ok, "kept": kept})
+    judged = [i for i in range(len(st.names)) if not per_layer[i]["kept"]]
+    worst = max(judged, key=lambda i: np.nan_to_num(rfn[i], nan=np.inf))
+    jump = st.largest_jump()
+    result = CheckResult("layers", cmp.name, PASSED if first is None else FAILED, value=float(rfn[worst]))
+    result.rows.append(Row(f"rfn, worst of {len(judged)} states ({describe(st.names[worst])})", fmt(rfn[worst]),
+                           f"<= {fmt(per_layer[worst]['threshold'])}", per_layer[worst]["passed"]))
+    if first is not None:
+        result.rows.append(Row(f"rfn, first over its limit ({describe(st.names[first])})", fmt(rfn[first]),
+                               f"<= {fmt(per_layer[first]['threshold'])}", False))
+    result.extra = {"layers": per_layer, "first_offending": None if first is None else st.names[first],
+                    "largest_jump": None if jump is None else st.names[jump], "kept": st.kept, "source": st.source}
+    if first is not None:
+        _explain_layers(result, cmp, first, jump)
+    return result
+
+
+def _explain_layers(result: CheckResult, cmp: Comparison, first: int, jump: int | None) -> None:
+    st, per_layer = cmp.layers, result.extra["layers"]
+    name = st.names[first]
+    result.details.append(f"first state over its limit: {describe(name)} (rfn {fmt(st.rfn_mean[first])} > "
+                          f"{fmt(per_layer[first]['threshold'])} from {per_layer[first]['threshold_source']})")
+    if jump is not None:
+        prev = st.rfn_mean[jump - 1]
+        ratio = st.rfn_mean[jump] / prev if prev > 0 else np.inf
+        result.details.append(f"largest jump: {describe(st.names[jump])}, rfn x{ratio:.3g} over "
+                              f"{describe(st.names[jump - 1])} ({fmt(prev)} -> {fmt(st.rfn_mean[jump])})")
+    iso = st.isolated_mean
+    if iso is not None:
+        own = int(np.argmax(np.nan_to_num(iso[1:], nan=np.inf))) + 1
+        result.details.append(f"isolated error (each layer fed the reference's input): largest at "
+                              f"{describe(st.names[own])}, rfn {fmt(iso[own])}")
+    if name == layers.EMBD:
+        where = ("the token embeddings already differ: token_embd rows (vocabulary order, a shifted or "
+                 "transposed tensor) or an embedding scale")
+    elif name == "0":
+        where = ("the error starts in the first decoder layer, where everything that all layers share shows "
+                 "first: rope (freq base, scaling, Q/K permutation), norm epsilon, head counts")
+    elif name == layers.NORM:
+        where = "only the final norm is off: output_norm weight or norm epsilon"
+    else:
+        where = (f"layers before {name} match and {describe(name)} does not: suspect that layer's own tensors "
+                 "(scaled, swapped or corrupted weights)")
+    tips = [] if iso is not None else [
+        "--cand-runner gguf-torch adds each layer's isolated error"]
+    tips.append(f"--modeldiff-keep-layers {st.names.index(name)} checks whether the layers after it are fine"
+                if name.isdigit() and int(name) > 0 else "")
+    result.hint = "; ".join([where, *filter(None, tips)])
+
+
 EXACT_CHECKS = {"tokens": check_tokens, "vocab": check_vocab, "metadata": check_metadata}
 
 
 def run_check(name: str, cmp: Comparison, thresholds: dict[str, Threshold]) -> CheckResult:
     if name in EXACT_CHECKS:
         return EXACT_CHECKS[name](cmp)
+    if name == "layers":
+        return check_layers(cmp, thresholds[CHECKS[name].threshold_key])
     return check_logits(name, cmp, thresholds[name])
 
 

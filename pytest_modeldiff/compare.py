@@ -18,8 +18,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import dumps, evaldata, metrics
+from . import dumps, evaldata, layers, metrics
 from .errors import ModelDiffError, ModelDiffUsageError
+from .layers import LayerStats
 from .registry import quant_class
 from .runners import Runner, make_runner
 from .thresholds import Thresholds
@@ -39,12 +40,17 @@ class Settings:
     dump_dir: Path | None = None
     ref_runner: str | None = None
     cand_runner: str | None = None
+    layers: bool = True  # capture hidden states for the per-layer comparison
+    keep_layers: int = 0  # the candidate takes the reference's state after its first K layers
+    stream_layers: bool = False  # per-layer comparison one layer at a time from the weight files
+    checkpoint_dir: Path | None = None  # where streaming saves its progress (default: a cache dir)
 
     def __post_init__(self):
-        for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1)):
+        for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1), ("keep_layers", 0)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < low):
-                raise ModelDiffUsageError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+                option = f"--modeldiff-{name.replace('_', '-')}" if name == "keep_layers" else f"--{name.replace('_', '-')}"
+                raise ModelDiffUsageError(f"{option} must be an integer >= {low}, got {value!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ModelDiffUsageError(f"--modeldiff-device: {self.device!r} is not cpu or cuda")
 
@@ -132,6 +138,8 @@ class Comparison:
     stats: PositionStats | None = None
     n_vocab: int = 0
     error: str | None = None  # why the logit metrics could not be computed
+    layers: LayerStats | None = None
+    layers_error: str | None = None  # why the per-layer comparison could not be made
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -161,6 +169,10 @@ class ModelDiff:
             while key in self.candidates:  # two files with one stem: keep both, distinguishable
                 key, n = f"{runner.name}-{n}", n + 1
             self.candidates[key] = runner
+            if s.keep_layers and not s.stream_layers and not runner.feeds_layers:
+                raise ModelDiffUsageError(
+                    f"--modeldiff-keep-layers: {runner.path} runs in {runner.kind}, which cannot take another "
+                    "model's hidden state; use --cand-runner gguf-torch (or hf) for it")
         self._eval: evaldata.EvalInput | None = None
         self._ref_load_seconds = 0.0
         self._ref_store: _ReferenceStore | None = None
@@ -189,7 +201,7 @@ class ModelDiff:
                 [(f"recorded {i}", seq.text) for i, seq in enumerate(recorded) if seq.text is not None],
                 [evaldata.EvalSequence(seq.ids, seq.text, f"recorded {i}") for i, seq in enumerate(recorded)])
         t0 = time.perf_counter()
-        ref.load(s.eval_length)  # its tokenizer defines the evaluation ids
+        ref.load_tokenizer()  # its tokenizer defines the evaluation ids
         self._ref_load_seconds = time.perf_counter() - t0
         vocab = ref.vocab()
         bos_id = vocab.special.get("bos") if vocab and vocab.add_bos else None
@@ -211,11 +223,14 @@ class ModelDiff:
             sequences = self.eval_input().sequences
             self._ref_store = _ReferenceStore.run(self.reference, sequences,
                                                   lambda: self._dump_writer(self.reference, self.reference.name),
-                                                  self.progress)
+                                                  self.progress, hidden=self._in_memory_layers())
             if self.settings.dump_dir and self.reference.dump_prefix:
                 self._finish_dumps(self.reference, self._ref_store.writer, self._ref_store.last_row,
                                    self.reference.quant_type())
         return self._ref_store
+
+    def _in_memory_layers(self) -> bool:
+        return self.settings.layers and not self.settings.stream_layers
 
     # -- candidates ------------------------------------------------------------------------
     def compare(self, key: str) -> Comparison:
@@ -248,12 +263,16 @@ class ModelDiff:
         ]
         writer = self._dump_writer(cand, self._dump_name(cand))
         parts, cand_seconds, last_row = [], 0.0, None
+        hidden = self._in_memory_layers() and self._layers_possible(cmp, ref_store)
+        acc = None
         try:
             for i, seq in enumerate(eval_input.sequences):
+                ref_hidden = ref_store.hidden(i) if hidden else None
                 t0 = time.perf_counter()
-                cand_rows = cand.logits(seq.ids)
+                fwd = cand.forward(seq.ids, hidden=hidden, keep=self.settings.keep_layers,
+                                   feed=ref_hidden if cand.feeds_layers else None)
                 cand_seconds += time.perf_counter() - t0
-                ref_rows = ref_store.rows(i)
+                cand_rows, ref_rows = fwd.logits, ref_store.rows(i)
                 if cand_rows.shape[-1] != ref_rows.shape[-1]:
                     raise ModelDiffError(
                         f"vocabulary size mismatch: {cand.path} gives {cand_rows.shape[-1]} logits per "
@@ -261,6 +280,8 @@ class ModelDiff:
                 n = min(len(cand_rows), len(ref_rows))  # a last-position dump holds one row
                 positions = np.arange(len(seq.ids) - n, len(seq.ids))
                 parts.append(PositionStats.measure(i, positions, len(seq.ids), ref_rows[-n:], cand_rows[-n:]))
+                if hidden and cmp.layers_error is None:
+                    acc = self._add_layers(cmp, acc, ref_hidden, fwd)
                 if writer:
                     writer.add(cand_rows, seq.ids, seq.text)
                 if i == 0:
@@ -278,6 +299,10 @@ class ModelDiff:
         if parts and cmp.error is None:
             cmp.stats = PositionStats.concat(parts)
             cmp.n_vocab = int(ref_store.n_vocab)
+        if acc is not None and cmp.error is None and cmp.layers_error is None:
+            cmp.layers = acc.finish("in-memory")
+        elif hidden and cmp.layers_error is None:
+            cmp.layers_error = cmp.error
         if writer:
             self._finish_dumps(cand, writer, last_row, qtype)
         cand.close()  # weights are not needed any more; tokenizer and vocab stay available
@@ -291,6 +316,29 @@ class ModelDiff:
             "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load),
         }
         return cmp
+
+    def _layers_possible(self, cmp: Comparison, ref_store: "_ReferenceStore") -> bool:
+        """Both sides must give hidden states; otherwise say why (the layers check reports it)."""
+        for runner, states in ((self.reference, ref_store.has_hidden), (cmp.candidate, cmp.candidate.gives_hidden)):
+            if not states:
+                cmp.layers_error = (f"{runner.path} runs in {runner.kind}, which gives no hidden states; "
+                                    "per-layer comparison needs hf, gguf-torch or llamacpp on both sides")
+                return False
+        return True
+
+    def _add_layers(self, cmp: Comparison, acc, ref_hidden: np.ndarray, fwd) -> "layers.LayerAccumulator | None":
+        try:
+            layers.align(ref_hidden, fwd.hidden, self.reference.path, cmp.candidate.path)
+            keep = self.settings.keep_layers
+            if keep > ref_hidden.shape[0] - 2:
+                raise ModelDiffUsageError(f"--modeldiff-keep-layers {keep}: the models have only "
+                                          f"{ref_hidden.shape[0] - 2} decoder layers")
+        except ModelDiffError as exc:
+            cmp.layers_error = str(exc)
+            return None
+        acc = acc or layers.LayerAccumulator(layers.state_names(ref_hidden.shape[0] - 2), kept=keep)
+        acc.add(ref_hidden, fwd.hidden, fwd.isolated)
+        return acc
 
     # -- dumps -------------------------------------------------------------------------------
     def _dump_name(self, cand: Runner) -> str:
@@ -323,24 +371,23 @@ class ModelDiff:
 
 
 class _ReferenceStore:
-    """The reference's logits for every sequence, so several candidates reuse one reference pass.
-    Held in memory up to MEMORY_LIMIT bytes, beyond that in a temporary float32 file."""
-
-    MEMORY_LIMIT = 1 << 30
+    """The reference's logits (and hidden states) for every sequence, so several candidates reuse
+    one reference pass."""
 
     def __init__(self):
-        self.sequences: list[np.ndarray] = []  # in memory, or memmap views of the spill file
+        self.logits = _Rows()
+        self.states = _Rows()
+        self.has_hidden = False
         self.n_vocab = 0
         self.seconds = 0.0  # forward time
         self.load_seconds = 0.0
         self.writer = None
         self.last_row = None
-        self._size = 0
-        self._spill = None  # (path, file) once spilled
 
     @classmethod
-    def run(cls, runner: Runner, sequences, make_writer, progress) -> "_ReferenceStore":
+    def run(cls, runner: Runner, sequences, make_writer, progress, hidden: bool = False) -> "_ReferenceStore":
         store = cls()
+        store.has_hidden = hidden = hidden and runner.gives_hidden
         t0 = time.perf_counter()
         runner.load(max(len(seq.ids) for seq in sequences))
         store.load_seconds = time.perf_counter() - t0
@@ -348,15 +395,18 @@ class _ReferenceStore:
         try:
             for i, seq in enumerate(sequences):
                 t0 = time.perf_counter()
-                logits = runner.logits(seq.ids)
+                fwd = runner.forward(seq.ids, hidden=hidden)
                 store.seconds += time.perf_counter() - t0
+                logits = fwd.logits
                 bad = ~np.isfinite(logits).all(axis=-1)
                 if bad.any():
                     raise ModelDiffError(
                         f"{runner.path}: the reference produced NaN/Inf logits at {int(bad.sum())} positions "
                         f"(first: sequence {i}, position {int(np.argmax(bad))}); the reference itself is broken")
                 store.n_vocab = logits.shape[-1]
-                store._add(np.asarray(logits, dtype=np.float32))
+                store.logits.add(np.asarray(logits, dtype=np.float32))
+                if hidden:  # kept as (n_tokens, n_states * n_embd) rows
+                    store.states.add(fwd.hidden.transpose(1, 0, 2).reshape(len(seq.ids), -1), fwd.hidden.shape)
                 if writer:
                     writer.add(logits, seq.ids, seq.text)
                 if i == 0:
@@ -367,37 +417,67 @@ class _ReferenceStore:
                 writer.abort()
             store.close()
             raise
-        store._finish_spill()
+        store.logits.finish()
+        store.states.finish()
         return store
 
-    def _add(self, logits: np.ndarray) -> None:
-        self._size += logits.nbytes
+    def rows(self, i: int) -> np.ndarray:
+        return self.logits[i]
+
+    def hidden(self, i: int) -> np.ndarray:
+        """(n_states, n_tokens, n_embd) of sequence i."""
+        rows, shape = self.states[i], self.states.shapes[i]
+        return np.asarray(rows).reshape(shape[1], shape[0], shape[2]).transpose(1, 0, 2)
+
+    def close(self) -> None:
+        self.logits.close()
+        self.states.close()
+
+
+class _Rows:
+    """A list of 2-D float32 arrays with equal row width, held in memory up to MEMORY_LIMIT bytes
+    and beyond that in a temporary file (read back memory-mapped)."""
+
+    MEMORY_LIMIT = 1 << 30
+
+    def __init__(self):
+        self.arrays: list = []  # arrays, or row counts while spilling, then memmap views
+        self.shapes: list = []  # caller's original shapes
+        self._size = 0
+        self._spill = None  # (path, file) once spilled
+        self._width = None
+
+    def add(self, rows: np.ndarray, shape=None) -> None:
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        self._width = rows.shape[1]
+        self.shapes.append(shape or rows.shape)
+        self._size += rows.nbytes
         if self._spill is None and self._size > self.MEMORY_LIMIT:
             fd, path = tempfile.mkstemp(prefix="modeldiff-ref-", suffix=".f32")
             self._spill = (path, os.fdopen(fd, "wb"))
-            for held in self.sequences:
+            for held in self.arrays:
                 self._spill[1].write(held.tobytes())
-            self.sequences = [len(held) for held in self.sequences]
+            self.arrays = [len(held) for held in self.arrays]
         if self._spill is None:
-            self.sequences.append(logits)
+            self.arrays.append(rows)
         else:
-            self._spill[1].write(np.ascontiguousarray(logits).tobytes())
-            self.sequences.append(len(logits))
+            self._spill[1].write(rows.tobytes())
+            self.arrays.append(len(rows))
 
-    def _finish_spill(self) -> None:
+    def finish(self) -> None:
         if self._spill is None:
             return
         path, file = self._spill
         file.close()
-        rows = np.memmap(path, dtype=np.float32, mode="r").reshape(-1, self.n_vocab)
-        starts = np.cumsum([0] + self.sequences)
-        self.sequences = [rows[a:b] for a, b in zip(starts[:-1], starts[1:])]
+        rows = np.memmap(path, dtype=np.float32, mode="r").reshape(-1, self._width)
+        starts = np.cumsum([0] + self.arrays)
+        self.arrays = [rows[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
-    def rows(self, i: int) -> np.ndarray:
-        return self.sequences[i]
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.arrays[i]
 
     def close(self) -> None:
-        self.sequences = []
+        self.arrays = []
         if self._spill is not None:
             path, file = self._spill
             file.close()

@@ -117,3 +117,50 @@ def nmse_verdict(value: float) -> str:
         if value < bound:
             return verdict
     return "very poor (worse than noise)"
+
+
+# --------------------------------------------------------------------------- hidden states
+# Inputs of shape (n_states, n_tokens, n_embd): one matrix per layer boundary (embedding, each
+# decoder layer's output, final norm); outputs have one value per state.
+def _3d(x) -> torch.Tensor:
+    t = _2d(x)
+    return t[None] if t.ndim == 2 else t
+
+
+def relative_frobenius(ref, cand) -> np.ndarray:
+    """rfn per state: ||cand - ref||_F / ||ref||_F (exllamav2's relative error; 0 = identical)."""
+    sq_diff, sq_ref = hidden_moments(ref, cand)[:2]
+    return rfn_from_moments(sq_diff, sq_ref)
+
+
+def cosine_error(ref, cand) -> np.ndarray:
+    """Per state: 1 - mean over tokens t of cos(ref_t, cand_t), cos = <a, b> / (|a| |b|)."""
+    return 1.0 - hidden_moments(ref, cand)[2]
+
+
+def hidden_moments(ref, cand) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per state: sum (cand - ref)^2, sum ref^2, and the mean over tokens of cos(ref_t, cand_t)
+    (a zero vector has cosine 1 with itself, 0 with anything else). Sums pool over sequences."""
+    r, c = _3d(ref), _3d(cand)
+    sq_diff = ((c - r) ** 2).sum((-1, -2))
+    sq_ref = (r * r).sum((-1, -2))
+    norms = r.norm(dim=-1) * c.norm(dim=-1)
+    same = ((c - r) == 0).all(-1)
+    cos = torch.where(norms > 0, (r * c).sum(-1) / norms.clamp_min(1e-300), same.to(r.dtype))
+    return sq_diff.numpy(), sq_ref.numpy(), cos.mean(-1).numpy()
+
+
+def rfn_from_moments(sq_diff, sq_ref) -> np.ndarray:
+    """sqrt(sum (cand - ref)^2 / sum ref^2); 0 for identical zeros, inf if only ref is zero."""
+    sq_diff, sq_ref = np.asarray(sq_diff, dtype=np.float64), np.asarray(sq_ref, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.sqrt(sq_diff / sq_ref)
+    return np.where(sq_diff == 0, 0.0, out)
+
+
+def sqnr_db(sq_ref, sq_diff) -> np.ndarray:
+    """Signal to quantization-noise ratio, 10 log10(sum ref^2 / sum (cand - ref)^2), in dB
+    (exllamav3); +inf when identical. Higher is better: 20 dB = 10 % relative error."""
+    sq_diff, sq_ref = np.asarray(sq_diff, dtype=np.float64), np.asarray(sq_ref, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return 10.0 * np.log10(sq_ref / sq_diff)

@@ -38,6 +38,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--modeldiff-json", metavar="PATH", help="write every candidate's metrics, thresholds and verdicts")
     group.addoption("--modeldiff-device", choices=("cpu", "cuda"), help="device for torch runners and llama.cpp offload")
     group.addoption("--modeldiff-threads", type=int, metavar="N", help="CPU threads per model (default: all cores)")
+    group.addoption("--modeldiff-keep-layers", type=int, metavar="K",
+                    help="the candidate takes the reference's hidden state after its first K layers (torch candidates)")
+    group.addoption("--modeldiff-stream-layers", action="store_true", default=None,
+                    help="per-layer comparison one decoder layer at a time from the weight files (models larger than RAM)")
+    group.addoption("--modeldiff-checkpoint-dir", metavar="DIR",
+                    help="where --modeldiff-stream-layers saves its progress (default: ~/.cache/pytest-modeldiff/stream)")
     parser.addini("modeldiff_thresholds", "KEY=VALUE thresholds, one per line", type="linelist", default=[])
     parser.addini("modeldiff_checks", "built-in checks to run (comma-separated, or none)", default="")
     parser.addini("modeldiff_dump_dir", "default for --modeldiff-dump-dir", default="")
@@ -100,6 +106,8 @@ class _State:
         if not candidates:
             raise pytest.UsageError("--ref-model needs at least one --cand-model to compare against it")
         try:
+            checks = parse_check_list(config.getoption("--modeldiff-checks") or config.getini("modeldiff_checks")
+                                      or " ".join(CHECKS), "--modeldiff-checks")
             settings = Settings(
                 eval_text=opt("--eval-text", "modeldiff_eval_text", is_path=True),
                 eval_dataset=opt("--eval-dataset", is_path=True),
@@ -111,14 +119,16 @@ class _State:
                 dump_dir=opt("--modeldiff-dump-dir", "modeldiff_dump_dir", is_path=True),
                 ref_runner=config.getoption("--ref-runner"),
                 cand_runner=config.getoption("--cand-runner"),
+                layers=not checks or "layers" in checks,  # no built-in checks: user tests may need them
+                keep_layers=given(opt("--modeldiff-keep-layers", cast=int), Settings.keep_layers),
+                stream_layers=bool(config.getoption("--modeldiff-stream-layers")),
+                checkpoint_dir=opt("--modeldiff-checkpoint-dir", is_path=True),
             )
             if settings.device.startswith("cuda"):
                 import torch
 
                 if not torch.cuda.is_available():
                     raise ModelDiffError(f"--modeldiff-device cuda: torch {torch.__version__} sees no CUDA device; use cpu")
-            checks = parse_check_list(config.getoption("--modeldiff-checks") or config.getini("modeldiff_checks")
-                                      or " ".join(CHECKS), "--modeldiff-checks")
             state = cls(config, None, checks)
             thresholds = Thresholds(config.getoption("--modeldiff-threshold"), config.getini("modeldiff_thresholds"))
             state.engine = ModelDiff(config.getoption("--ref-model"), candidates, settings, thresholds, state.progress)
@@ -278,7 +288,8 @@ def modeldiff(request: pytest.FixtureRequest, modeldiff_candidate: str | None):
     """Assertion helpers over the reference-vs-candidate comparison (one instance per candidate).
 
     modeldiff.assert_tokens_equal(), .assert_kld(max=None), .assert_nmse(), .assert_topk_overlap(k=10),
-    .assert_same_top(), .assert_max_abs(), .assert_vocab_equal(), .assert_metadata_equal();
+    .assert_same_top(), .assert_max_abs(), .assert_vocab_equal(), .assert_metadata_equal(),
+    .assert_layer_rfn(max=None or {"0-3": 0.02, "*": 0.05});
     .comparison holds the raw per-position numbers. Thresholds: marker > CLI > ini > default.
     """
     state = request.config.stash.get(_STATE, None)
@@ -303,7 +314,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     state = config.stash.get(_STATE, None)
     if state is None or not (state.engine.computed() or state.errors):
         return
-    from .report import summary, to_json, write_json
+    from .report import summary, to_json, write_json, write_layer_plots
 
     results = _all_results(state)
     terminalreporter.section("modeldiff summary (built-in checks; thresholds from CLI > ini > default)")
@@ -317,3 +328,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if json_path:
         write_json(Path(json_path), to_json(results, state.errors))
         terminalreporter.write_line(f"modeldiff: JSON report written to {os.path.abspath(json_path)}")
+        for plot in write_layer_plots(results, Path(json_path)):
+            terminalreporter.write_line(f"modeldiff: per-layer plot written to {os.path.abspath(plot)}")

@@ -20,6 +20,11 @@ llama.cpp's published LLaMA-3-8B figures are in ../shared/REFERENCE.md section 4
   per project with markers, --modeldiff-threshold or the modeldiff_thresholds ini option.
 - max_abs depends on the logit scale of the model (tiny model: logit std 2.4); it is a coarse
   guard, kld and nmse are the scale-free gates.
+- layers (rfn, the largest over layers, tiny model through llama.cpp): f32 3e-4 (f16 KV cache),
+  f16 7e-4, bf16 5e-3, q8_0 0.017, q4_K_M 0.17; bugs at their first offending layer: one layer's
+  weights x1.03 0.046, norm eps 0.08, rope base 0.20, unpermuted Q/K 0.28. rfn accumulates with
+  depth (exllamav2 reports 0.01-0.03 for 8-bit and ~0.1 for 4-bit on 7B models), so the quantized
+  defaults leave 2-3x room; per-layer limits take patterns: rfn={"0-3": 0.02, "*": 0.05}.
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ from dataclasses import dataclass, field
 LOWER = "lower"  # value must be <= threshold
 HIGHER = "higher"  # value must be >= threshold
 EXACT = "exact"  # pass/fail without a number (tokens, vocab, metadata)
+
+# Per-layer states are named by decoder layer index plus these two (layers.py).
+EMBD, NORM = "embd", "norm"
 
 QUANT_CLASSES = ("f32", "f16", "bf16", "q8", "q6", "q5", "q4", "q3", "q2", "q1")
 
@@ -38,10 +46,16 @@ class Check:
     title: str
     direction: str
     defaults: dict[str, float] = field(default_factory=dict)
+    key: str = ""  # threshold key in markers/CLI/ini when it differs from the name
+    per_layer: bool = False  # the threshold may be a mapping from layer patterns to numbers
 
     @property
     def has_threshold(self) -> bool:
         return self.direction != EXACT
+
+    @property
+    def threshold_key(self) -> str:
+        return self.key or self.name
 
     def default_for(self, quant: str) -> float:
         return self.defaults[quant if quant in self.defaults else "q2"]
@@ -89,6 +103,14 @@ CHECKS: dict[str, Check] = {
             HIGHER,
             _by_class(0.97, 0.97, 0.95, 0.9, 0.85, 0.75, 0.55, 0.45, 0.25),
         ),
+        Check(
+            "layers",
+            "per-layer rfn = ||h_cand - h_ref||_F / ||h_ref||_F, mean over sequences, at every layer",
+            LOWER,
+            _by_class(0.01, 0.01, 0.02, 0.05, 0.08, 0.12, 0.35, 0.5, 0.8),
+            key="rfn",
+            per_layer=True,
+        ),
     ]
 }
 
@@ -113,8 +135,9 @@ def parse_check_list(raw: str, source: str) -> list[str]:
     return names
 
 
-# Checks that take a numeric threshold (marker / CLI / ini keys).
-THRESHOLD_KEYS = tuple(name for name, c in CHECKS.items() if c.has_threshold)
+# Checks that take a numeric threshold, by their marker / CLI / ini key.
+BY_THRESHOLD_KEY = {c.threshold_key: c for c in CHECKS.values() if c.has_threshold}
+THRESHOLD_KEYS = tuple(BY_THRESHOLD_KEY)
 
 
 # GGUF general.file_type names (gguf.LlamaFileType without the MOSTLY_ prefix) and HF dtypes

@@ -7,18 +7,40 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .checks import EXACT_CHECKS, FAILED, CheckResult, Row
+from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt
 from .compare import Comparison
 
 
 def table(rows: Iterable[Row]) -> list[str]:
     """``metric | value | threshold | status`` with aligned columns."""
-    lines = [("metric", "value", "threshold", "status")]
-    lines += [(r.metric, r.value, r.threshold, "ok" if r.passed else "FAIL") for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    return _aligned([("metric", "value", "threshold", "status"),
+                     *((r.metric, r.value, r.threshold, "ok" if r.passed else "FAIL") for r in rows)])
+
+
+def _aligned(lines: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     out = [" | ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     out.insert(1, "-+-".join("-" * w for w in widths))
     return out
+
+
+def layer_table(result: CheckResult) -> list[str]:
+    """One row per layer state; the first one over its limit is marked."""
+    extra = result.extra
+    isolated = any(row["isolated_rfn"] is not None for row in extra["layers"])
+    head = ("layer", "rfn mean", "rfn max", "cos err", "SQNR dB", *(("isolated rfn",) if isolated else ()),
+            "threshold", "status")
+    lines = [head]
+    for row in extra["layers"]:
+        status = "kept" if row["kept"] else "ok" if row["passed"] else "FAIL"
+        if row["name"] == extra["first_offending"]:
+            status += "  <- first over its limit"
+        elif row["name"] == extra["largest_jump"] and not row["kept"]:
+            status += "  <- largest jump"
+        lines.append((row["name"], fmt(row["rfn_mean"]), fmt(row["rfn_max"]), fmt(row["cos_err"]),
+                      f"{row['sqnr_db']:.1f}", *((fmt(row["isolated_rfn"]),) if isolated else ()),
+                      f"<= {fmt(row['threshold'])}", status))
+    return _aligned(lines)
 
 
 def verdict(result: CheckResult, cmp: Comparison) -> str:
@@ -32,8 +54,13 @@ def failure_message(result: CheckResult, cmp: Comparison) -> str:
     lines = [verdict(result, cmp), *table(result.rows)]
     if result.threshold is not None:
         lines.append(f"threshold {result.threshold.value:g} from {result.threshold.source}")
+    if "layers" in result.extra:
+        sources = sorted({row["threshold_source"] for row in result.extra["layers"]})
+        lines += [f"per-layer rfn ({result.extra['source']}, thresholds from {', '.join(sources)}):",
+                  *layer_table(result)]
     if result.details:
-        lines.append("differences:" if result.name in EXACT_CHECKS else "worst positions:")
+        lines.append("differences:" if result.name in EXACT_CHECKS else
+                     "where:" if result.name == "layers" else "worst positions:")
         lines += [f"  {d}" for d in result.details]
     if result.hint:
         lines.append(f"hint: {result.hint}")
@@ -54,7 +81,11 @@ def summary(cmp: Comparison, results: list[CheckResult]) -> list[str]:
         else:
             rows.append(Row(r.name, f"{sum(x.passed for x in r.rows)}/{len(r.rows)} equal", "all equal",
                             r.status != FAILED))
-    return [head, *table(rows)]
+    lines = [head, *table(rows)]
+    for r in results:
+        if "layers" in r.extra:
+            lines += [f"per-layer rfn ({r.extra['source']}):", *layer_table(r)]
+    return lines
 
 
 def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], errors: dict[str, str] | None = None) -> dict:
@@ -95,8 +126,31 @@ def _finite(value):
 
 
 def write_json(path: Path, data: dict) -> None:
-    path = Path(path)
+    _write_atomic(Path(path), json.dumps(data, indent=2, default=str, allow_nan=False))
+
+
+def write_layer_plots(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], json_path: Path) -> list[Path]:
+    """rfn-per-layer SVG for each candidate with a layers result, next to the JSON report:
+    <report stem>-rfn-<candidate>.svg."""
+    from .plots import rfn_svg
+
+    written = []
+    for key, (cmp, results) in comparisons.items():
+        for r in results:
+            if "layers" not in r.extra:
+                continue
+            rows = r.extra["layers"]
+            svg = rfn_svg(f"{cmp.candidate.path.name} vs {cmp.reference.path.name}: per-layer rfn",
+                          [row["name"] for row in rows], [float(row["rfn_mean"]) for row in rows],
+                          [row["threshold"] for row in rows], [row["isolated_rfn"] for row in rows])
+            path = Path(json_path).with_name(f"{Path(json_path).stem}-rfn-{key}.svg")
+            _write_atomic(path, svg)
+            written.append(path)
+    return written
+
+
+def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str, allow_nan=False))
+    tmp.write_text(text)
     os.replace(tmp, path)

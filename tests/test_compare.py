@@ -9,7 +9,7 @@ def run(ref, cand):
     md = ModelDiff(ref, [cand])
     try:
         cmp = md.compare("demo-q8_0")
-        return cmp.stats, cmp.timings, md._ref_store._spill is not None
+        return cmp.stats, cmp.timings, md._ref_store.logits._spill is not None
     finally:
         md.close()
 
@@ -17,7 +17,7 @@ def run(ref, cand):
 def test_reference_spilled_to_disk_gives_the_same_numbers(demo_ref, demo_cand, monkeypatch):
     in_memory, timings, was_spilled = run(demo_ref, demo_cand)
     assert not was_spilled
-    monkeypatch.setattr(compare._ReferenceStore, "MEMORY_LIMIT", 1)
+    monkeypatch.setattr(compare._Rows, "MEMORY_LIMIT", 1)
     spilled, _, was_spilled = run(demo_ref, demo_cand)
     assert was_spilled
     np.testing.assert_array_equal(in_memory.kld, spilled.kld)

@@ -24,6 +24,16 @@ class VocabInfo:
 
 
 @dataclass
+class Forward:
+    """One forward pass: logits (n_tokens, n_vocab) and, when asked, hidden states in the
+    canonical layout of layers.py, (n_states, n_tokens, n_embd) float32."""
+
+    logits: np.ndarray
+    hidden: np.ndarray | None = None
+    isolated: np.ndarray | None = None  # each layer's output when fed the reference's input
+
+
+@dataclass
 class FixedSequence:
     """A token sequence recorded by a dump; text is known when the dump kept its prompt."""
 
@@ -35,6 +45,8 @@ class Runner(ABC):
     kind: ClassVar[str]
     # llama.cpp's model-conversion dump prefix for this runtime ("pytorch" or "llamacpp")
     dump_prefix: ClassVar[str | None] = None
+    gives_hidden: ClassVar[bool] = False  # forward() can return hidden states
+    feeds_layers: ClassVar[bool] = False  # can run its layers on the reference's states
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
         self.path = Path(path)
@@ -62,6 +74,18 @@ class Runner(ABC):
     @abstractmethod
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits of shape (len(ids), n_vocab); dumps may return only the last row (1, n_vocab)."""
+
+    def forward(self, ids: Sequence[int], hidden: bool = False, feed: np.ndarray | None = None,
+                keep: int = 0) -> Forward:
+        """Logits, plus hidden states if ``hidden`` (runners with ``gives_hidden``). Runners that
+        ``feeds_layers`` also take the reference's states ``feed``: they then return each layer's
+        output on the reference's input (``isolated``) and continue from the reference's state
+        after the first ``keep`` layers (exllamav2's layer swap)."""
+        return Forward(self.logits(ids))
+
+    def load_tokenizer(self) -> None:
+        """Make tokenize/piece/vocab usable; runners that can do so without the weights override."""
+        self.load(2)
 
     def tokenize(self, text: str) -> list[int] | None:
         """The model's own tokenization, special tokens parsed and BOS/EOS added as configured."""

@@ -21,19 +21,28 @@ class GGUFTorchRunner(TorchCausalLM):
         super().__init__(path, device, threads)
         self.gguf = open_gguf(self.path)
 
+    def load_tokenizer(self) -> None:
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name,
+                                                               local_files_only=True)
+            except Exception as exc:
+                raise ModelDiffError(f"{self.path}: transformers could not read the GGUF's tokenizer: {exc}") from None
+
     def load(self, max_tokens: int) -> None:
         if self.model is not None:
             return
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        folder, name = self.path.parent, self.path.name
+        self.load_tokenizer()
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
             self.model = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=name, dtype=torch.float32, local_files_only=True).eval()
+                self.path.parent, gguf_file=self.path.name, dtype=torch.float32, local_files_only=True).eval()
         except Exception as exc:
             raise ModelDiffError(f"{self.path}: transformers could not load the GGUF: {exc}") from None
         self.model.to(self.device)

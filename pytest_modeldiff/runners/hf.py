@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import mapping
 from ..errors import ModelDiffError
-from .base import Runner, VocabInfo
+from .base import Forward, Runner, VocabInfo
 
 
 class TorchCausalLM(Runner):
@@ -19,17 +19,79 @@ class TorchCausalLM(Runner):
     dump_prefix = "pytorch"
     model = tokenizer = None
 
+    gives_hidden = feeds_layers = True
+
     def logits(self, ids: Sequence[int]) -> np.ndarray:
+        return self.forward(ids).logits
+
+    def forward(self, ids: Sequence[int], hidden: bool = False, feed: np.ndarray | None = None,
+                keep: int = 0) -> Forward:
         import torch
 
         n_embd_rows = self.model.get_input_embeddings().num_embeddings
         if not ids or min(ids) < 0 or max(ids) >= n_embd_rows:
             raise ModelDiffError(f"{self.path}: token ids must be 0..{n_embd_rows - 1} (got "
                                  f"{len(ids)} ids, range {min(ids, default=None)}..{max(ids, default=None)})")
-        with torch.inference_mode():
-            input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
-            out = self.model(input_ids=input_ids, use_cache=False)
-        return out.logits[0].float().cpu().numpy()
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
+        if not hidden:
+            with torch.inference_mode():
+                return Forward(self.model(input_ids=input_ids, use_cache=False).logits[0].float().cpu().numpy())
+        blocks, norm = self._blocks()
+        ref = None if feed is None else torch.as_tensor(feed, device=self.model.device)[:, None]
+        # pass 1: the model's own states; after ``keep`` layers it continues from the reference's
+        swaps = {keep: ref[keep]} if ref is not None and keep else {}
+        logits, states = self._run(input_ids, blocks, norm, swaps)
+        if keep:
+            states[: keep + 1] = ref[: keep + 1]
+        isolated = None
+        if ref is not None:  # pass 2: every layer (and the norm) fed the reference's input
+            _, isolated = self._run(input_ids, blocks, norm, {i: ref[i] for i in range(len(blocks) + 1)})
+        to_numpy = lambda t: None if t is None else t[:, 0].float().cpu().numpy()
+        return Forward(logits, to_numpy(states), to_numpy(isolated))
+
+    def _blocks(self):
+        """The decoder layers and the final norm, which the canonical layout is defined by."""
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        blocks, norm = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
+        if blocks is None or norm is None:
+            raise ModelDiffError(f"{self.path}: per-layer comparison needs a decoder with .layers and .norm "
+                                 f"({type(self.model).__name__} has none)")
+        return blocks, norm
+
+    def _run(self, input_ids, blocks, norm, swaps: dict):
+        """One pass capturing every decoder layer's output and the final norm's output.
+        ``swaps`` maps a block index (len(blocks) = the norm) to the input it gets instead."""
+        import torch
+
+        outputs: dict[int, torch.Tensor] = {}
+
+        def swap_input(index):
+            def hook(module, args, kwargs):
+                if index not in swaps:
+                    return None
+                if args:
+                    return (swaps[index].to(args[0].dtype), *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": swaps[index].to(kwargs["hidden_states"].dtype)}
+            return hook
+
+        def keep_output(index):
+            def hook(module, args, kwargs, out):
+                outputs[index] = (out[0] if isinstance(out, tuple) else out).detach()
+            return hook
+
+        handles = []
+        try:
+            for index, module in [*enumerate(blocks), (len(blocks), norm)]:
+                handles.append(module.register_forward_pre_hook(swap_input(index), with_kwargs=True))
+                handles.append(module.register_forward_hook(keep_output(index), with_kwargs=True))
+            with torch.inference_mode():
+                out = self.model(input_ids=input_ids, use_cache=False, output_hidden_states=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        # hidden_states[-1] is already normed, so layer outputs come from the hooks
+        states = torch.stack([out.hidden_states[0], *(outputs[i] for i in range(len(blocks) + 1))]).float()
+        return out.logits[0].float().cpu().numpy(), states
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
@@ -69,17 +131,26 @@ class HFRunner(TorchCausalLM):
         except (OSError, ValueError) as exc:
             raise ModelDiffError(f"{self.path / 'config.json'}: unreadable ({exc})") from None
 
+    def load_tokenizer(self) -> None:
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+            except Exception as exc:
+                raise ModelDiffError(f"{self.path}: transformers could not load the tokenizer: {exc}") from None
+
     def load(self, max_tokens: int) -> None:
         if self.model is not None:
             return
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         if self.threads:
             torch.set_num_threads(self.threads)
+        self.load_tokenizer()
         quantized = "quantization_config" in self.config
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
             self.model = AutoModelForCausalLM.from_pretrained(
                 self.path, local_files_only=True,
                 dtype=None if quantized else torch.float32,  # quantized checkpoints keep their own

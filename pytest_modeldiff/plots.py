@@ -1,0 +1,42 @@
+"""Self-contained SVG plots (no plotting library): rfn against layer index per candidate."""
+from __future__ import annotations
+
+import math
+from html import escape
+
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 640, 360, 70, 20, 40, 60
+
+
+def rfn_svg(title: str, names: list[str], rfn: list[float], limits: list[float],
+            isolated: list[float | None] | None = None) -> str:
+    """rfn (and its per-layer limit, dashed; the isolated error if known, dotted) on a log axis."""
+    series = [("rfn (mean over sequences)", rfn, "#c0392b", "")]
+    if isolated and any(v is not None for v in isolated):
+        series.append(("isolated rfn", [v if v is not None else float("nan") for v in isolated], "#2471a3", "2,3"))
+    series.append(("threshold", limits, "#555555", "6,4"))
+    finite = [v for _, values, _, _ in series for v in values if v is not None and math.isfinite(v) and v > 0]
+    low = math.floor(math.log10(min(finite, default=1e-6)))
+    high = math.ceil(math.log10(max(finite, default=1.0)))
+    high = max(high, low + 1)
+    n = len(names)
+    x = lambda i: LEFT + (WIDTH - LEFT - RIGHT) * (i / max(n - 1, 1))
+    y = lambda v: TOP + (HEIGHT - TOP - BOTTOM) * (high - math.log10(max(v, 10.0 ** low))) / (high - low)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
+           f'<title>{escape(title)}</title>',
+           f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="13">{escape(title)}</text>']
+    for e in range(low, high + 1):  # decade grid lines
+        out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(10.0 ** e):.1f}" y2="{y(10.0 ** e):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{y(10.0 ** e) + 4:.1f}" text-anchor="end">1e{e}</text>')
+    step = max(1, n // 16)
+    for i in range(0, n, step):
+        out.append(f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(names[i])}</text>')
+    out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 22}" text-anchor="middle">layer</text>')
+    for k, (label, values, color, dash) in enumerate(series):
+        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values) if v is not None and math.isfinite(v))
+        dashes = f' stroke-dasharray="{dash}"' if dash else ""
+        out.append(f'<polyline class="series" data-label="{escape(label)}" fill="none" stroke="{color}" '
+                   f'stroke-width="2"{dashes} points="{points}"/>')
+        out.append(f'<text x="{LEFT + 10 + 170 * k}" y="{HEIGHT - 6}" fill="{color}">{escape(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
