@@ -40,6 +40,7 @@ class Settings:
     dump_dir: Path | None = None
     ref_runner: str | None = None
     cand_runner: str | None = None
+    logits: bool = True  # run the models for the logit metrics
     layers: bool = True  # capture hidden states for the per-layer comparison
     keep_layers: int = 0  # the candidate takes the reference's state after its first K layers
     stream_layers: bool = False  # per-layer comparison one layer at a time from the weight files
@@ -248,10 +249,11 @@ class ModelDiff:
     def _compare(self, cand: Runner) -> Comparison:
         started = time.perf_counter()
         eval_input = self.eval_input()
+        run_models = self.settings.logits or self._in_memory_layers()
         first_use = self._ref_store is None
-        ref_store = self._reference()
+        ref_store = self._reference() if run_models else None
         t0 = time.perf_counter()
-        cand.load(max(len(seq.ids) for seq in eval_input.sequences))
+        cand.load(max(len(seq.ids) for seq in eval_input.sequences)) if run_models else cand.load_tokenizer()
         cand_load = time.perf_counter() - t0
         qtype = cand.quant_type()
         cmp = Comparison(self.reference, cand, qtype, quant_class(qtype), eval_input)
@@ -261,12 +263,34 @@ class ModelDiff:
             if (ref_ids := self.reference.tokenize(text)) is not None
             and (cand_ids := cand.tokenize(text)) is not None
         ]
+        cand_seconds = self._run_candidate(cmp, ref_store) if run_models else 0.0
+        if not run_models:
+            cmp.error = "logit metrics not computed: the selected checks (--modeldiff-checks) need none"
+        if self.settings.layers and self.settings.stream_layers:
+            self._stream_layers(cmp, eval_input)
+        cand.close()  # weights are not needed any more; tokenizer and vocab stay available
+        total = time.perf_counter() - started
+        # The reference pass is shared: it is charged to the candidate compared first.
+        ref_seconds = ref_store.seconds if ref_store else 0.0
+        ref_load_s = (ref_store.load_seconds if ref_store else 0.0) + self._ref_load_seconds
+        ref_forward, ref_load = (ref_seconds, ref_load_s) if first_use else (0.0, 0.0)
+        cmp.timings = {
+            "reference_forward_s": ref_seconds, "reference_load_s": ref_load_s,
+            "candidate_forward_s": cand_seconds, "candidate_load_s": cand_load, "comparison_s": total,
+            "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load),
+        }
+        return cmp
+
+    def _run_candidate(self, cmp: Comparison, ref_store: "_ReferenceStore") -> float:
+        """The candidate's forward pass over every sequence: position stats, in-memory layer stats
+        and dumps. Returns the candidate's forward seconds."""
+        cand, sequences = cmp.candidate, cmp.eval.sequences
         writer = self._dump_writer(cand, self._dump_name(cand))
         parts, cand_seconds, last_row = [], 0.0, None
         hidden = self._in_memory_layers() and self._layers_possible(cmp, ref_store)
         acc = None
         try:
-            for i, seq in enumerate(eval_input.sequences):
+            for i, seq in enumerate(sequences):
                 ref_hidden = ref_store.hidden(i) if hidden else None
                 t0 = time.perf_counter()
                 fwd = cand.forward(seq.ids, hidden=hidden, keep=self.settings.keep_layers,
@@ -286,7 +310,7 @@ class ModelDiff:
                     writer.add(cand_rows, seq.ids, seq.text)
                 if i == 0:
                     last_row = cand_rows[-1]
-                self.progress(f"{cand.name}: sequence {i + 1}/{len(eval_input.sequences)}")
+                self.progress(f"{cand.name}: sequence {i + 1}/{len(sequences)}")
         except ModelDiffError as exc:
             cmp.error = str(exc)
             if writer:
@@ -304,18 +328,19 @@ class ModelDiff:
         elif hidden and cmp.layers_error is None:
             cmp.layers_error = cmp.error
         if writer:
-            self._finish_dumps(cand, writer, last_row, qtype)
-        cand.close()  # weights are not needed any more; tokenizer and vocab stay available
-        total = time.perf_counter() - started
-        # The reference pass is shared: it is charged to the candidate compared first.
-        ref_load_s = ref_store.load_seconds + self._ref_load_seconds
-        ref_forward, ref_load = (ref_store.seconds, ref_load_s) if first_use else (0.0, 0.0)
-        cmp.timings = {
-            "reference_forward_s": ref_store.seconds, "reference_load_s": ref_load_s,
-            "candidate_forward_s": cand_seconds, "candidate_load_s": cand_load, "comparison_s": total,
-            "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load),
-        }
-        return cmp
+            self._finish_dumps(cand, writer, last_row, cmp.quant_type)
+        return cand_seconds
+
+    def _stream_layers(self, cmp: Comparison, eval_input) -> None:
+        from . import streaming
+
+        s = self.settings
+        try:
+            cmp.layers = streaming.stream_layers(
+                self.reference.path, cmp.candidate.path, [seq.ids for seq in eval_input.sequences], s.keep_layers,
+                s.checkpoint_dir, progress=self.progress)
+        except ModelDiffError as exc:
+            cmp.layers_error = str(exc)
 
     def _layers_possible(self, cmp: Comparison, ref_store: "_ReferenceStore") -> bool:
         """Both sides must give hidden states; otherwise say why (the layers check reports it)."""

@@ -88,6 +88,29 @@ class GGUFFile:
     def hparams(self) -> dict[str, Any]:
         return mapping.from_gguf_metadata(self.metadata, self.tensor_names)
 
+    def read_tensor(self, name: str):
+        """One tensor dequantized to float32 with gguf-py, numpy shape (ne_{n-1}, ..., ne0) = HF's;
+        only this tensor's bytes are read (memory-mapped)."""
+        import gguf
+        import numpy as np
+
+        info = next((t for t in self.tensors if t.name == name), None)
+        if info is None:
+            raise ModelDiffError(f"{self.path}: no tensor {name!r}")
+        qtype = gguf.GGMLQuantizationType[info.type_name]
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.n_bytes,))
+        shape = tuple(reversed(info.shape))
+        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            dtype = np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16
+            return raw.view(dtype).reshape(shape).astype(np.float32)
+        try:
+            rows = info.n_elements // info.shape[0]  # quant blocks run along ne0, row by row
+            values = gguf.quants.dequantize(np.array(raw).reshape(rows, -1), qtype)
+        except NotImplementedError:
+            raise ModelDiffError(f"{self.path}: gguf {getattr(gguf, '__version__', '')} cannot dequantize "
+                                 f"{info.type_name} ({name})") from None
+        return np.asarray(values, dtype=np.float32).reshape(shape)
+
     def vocab(self) -> VocabInfo:
         meta = self.metadata
 

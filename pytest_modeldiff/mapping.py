@@ -100,3 +100,28 @@ def compare(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> list[tuple[str, 
             continue
         diffs.append((key, ref_value, cand_value))
     return diffs
+
+
+# --------------------------------------------------------------------------- tensor names
+# Architectures whose Q/K rows llama.cpp's converter permutes for its rope layout (LlamaModel.permute:
+# each head's [first half | second half] rows become interleaved pairs).
+ROPE_PERMUTED_ARCHS = {"llama"}
+
+
+def gguf_tensor_name(arch: str, n_layers: int, hf_name: str) -> str | None:
+    """The GGUF name of an HF parameter, through gguf-py's own tensor-name map (None if unmapped)."""
+    import gguf
+
+    arch_enum = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch), None)
+    if arch_enum is None:
+        return None
+    return gguf.get_tensor_name_map(arch_enum, n_layers).get_name(hf_name, try_suffixes=(".weight", ".bias"))
+
+
+def to_hf_layout(arch: str, gguf_name: str, weight, n_head: int, n_head_kv: int):
+    """Undo the converter's layout changes for one tensor (numpy, HF shape): the rope permutation
+    of attn_q/attn_k rows for ROPE_PERMUTED_ARCHS; every other tensor is returned as is."""
+    if arch not in ROPE_PERMUTED_ARCHS or not gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
+        return weight
+    n = n_head if ".attn_q." in gguf_name else n_head_kv
+    return weight.reshape(n, weight.shape[0] // n // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)

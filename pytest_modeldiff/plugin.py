@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .registry import CHECKS, RUNNERS, parse_check_list  # plain tables, no heavy imports
+from .registry import CHECKS, LOGIT_CHECKS, RUNNERS, parse_check_list  # plain tables, no heavy imports
 
 CHECK_NAMES = tuple(CHECKS)
 RUNNER_NAMES = tuple(RUNNERS)
@@ -119,7 +119,9 @@ class _State:
                 dump_dir=opt("--modeldiff-dump-dir", "modeldiff_dump_dir", is_path=True),
                 ref_runner=config.getoption("--ref-runner"),
                 cand_runner=config.getoption("--cand-runner"),
-                layers=not checks or "layers" in checks,  # no built-in checks: user tests may need them
+                # no built-in checks selected: user tests may need anything
+                logits=not checks or bool(set(checks) & set(LOGIT_CHECKS)),
+                layers=not checks or "layers" in checks,
                 keep_layers=given(opt("--modeldiff-keep-layers", cast=int), Settings.keep_layers),
                 stream_layers=bool(config.getoption("--modeldiff-stream-layers")),
                 checkpoint_dir=opt("--modeldiff-checkpoint-dir", is_path=True),

@@ -135,6 +135,9 @@ def parse_check_list(raw: str, source: str) -> list[str]:
     return names
 
 
+# Checks computed from the two models' logits (the others need tokenizers, metadata or hidden states).
+LOGIT_CHECKS = ("kld", "nmse", "max_abs", "top10", "same_top")
+
 # Checks that take a numeric threshold, by their marker / CLI / ini key.
 BY_THRESHOLD_KEY = {c.threshold_key: c for c in CHECKS.values() if c.has_threshold}
 THRESHOLD_KEYS = tuple(BY_THRESHOLD_KEY)

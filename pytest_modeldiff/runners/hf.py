@@ -79,18 +79,19 @@ class TorchCausalLM(Runner):
                 outputs[index] = (out[0] if isinstance(out, tuple) else out).detach()
             return hook
 
-        handles = []
+        handles = [self.model.get_input_embeddings().register_forward_hook(keep_output(-1), with_kwargs=True)]
         try:
             for index, module in [*enumerate(blocks), (len(blocks), norm)]:
                 handles.append(module.register_forward_pre_hook(swap_input(index), with_kwargs=True))
                 handles.append(module.register_forward_hook(keep_output(index), with_kwargs=True))
             with torch.inference_mode():
-                out = self.model(input_ids=input_ids, use_cache=False, output_hidden_states=True)
+                out = self.model(input_ids=input_ids, use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
-        # hidden_states[-1] is already normed, so layer outputs come from the hooks
-        states = torch.stack([out.hidden_states[0], *(outputs[i] for i in range(len(blocks) + 1))]).float()
+        # not output_hidden_states: its last entry is already normed and, being recorded at the
+        # layers' inputs, its first would show a swapped input instead of the model's own embedding
+        states = torch.stack([outputs[i] for i in range(-1, len(blocks) + 1)]).float()
         return out.logits[0].float().cpu().numpy(), states
 
     def tokenize(self, text: str) -> list[int]:
