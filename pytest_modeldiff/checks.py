@@ -269,6 +269,8 @@ def check_layers(cmp: Comparison, threshold: Threshold) -> CheckResult:
     """Every layer's mean rfn against its limit (``threshold.value`` is a LayerLimits). The
     report names the first layer over its limit and the largest jump: error accumulates with
     depth, so the first excess, not the largest value, is where a conversion breaks."""
+    if cmp.layers is None and cmp.layers_skipped:
+        return CheckResult("layers", cmp.name, SKIPPED, reason=cmp.layers_skipped)
     if cmp.layers is None:
         reason = cmp.layers_error or ("hidden states were not captured: add 'layers' to --modeldiff-checks "
                                       "(or Settings(layers=True))")

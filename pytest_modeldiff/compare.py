@@ -140,7 +140,8 @@ class Comparison:
     n_vocab: int = 0
     error: str | None = None  # why the logit metrics could not be computed
     layers: LayerStats | None = None
-    layers_error: str | None = None  # why the per-layer comparison could not be made
+    layers_error: str | None = None  # why the per-layer comparison failed
+    layers_skipped: str | None = None  # why it does not apply (a side gives no hidden states)
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -346,8 +347,8 @@ class ModelDiff:
         """Both sides must give hidden states; otherwise say why (the layers check reports it)."""
         for runner, states in ((self.reference, ref_store.has_hidden), (cmp.candidate, cmp.candidate.gives_hidden)):
             if not states:
-                cmp.layers_error = (f"{runner.path} runs in {runner.kind}, which gives no hidden states; "
-                                    "per-layer comparison needs hf, gguf-torch or llamacpp on both sides")
+                cmp.layers_skipped = (f"{runner.path} runs in {runner.kind}, which gives no hidden states; "
+                                      "per-layer comparison needs hf, gguf-torch or llamacpp on both sides")
                 return False
         return True
 

@@ -9,10 +9,10 @@ from pytest_modeldiff.compare import ModelDiff, Settings
 CORRECT = ["f32", "f16", "bf16", "q8_0", "q4_k_m"]
 # broken variant -> checks that must fail (others may fail too)
 BROKEN = {
-    "rope-base": {"metadata", "kld"},
-    "norm-eps": {"metadata", "kld"},
-    "qk-unpermuted": {"kld", "nmse", "top10", "same_top"},
-    "layer-scaled": {"kld", "nmse", "max_abs"},
+    "rope-base": {"metadata", "kld", "layers"},
+    "norm-eps": {"metadata", "kld", "layers"},
+    "qk-unpermuted": {"kld", "nmse", "top10", "same_top", "layers"},
+    "layer-scaled": {"kld", "nmse", "max_abs", "layers"},
     "add-bos-flipped": {"tokens", "vocab"},
     "vocab-swapped": {"tokens", "vocab"},
 }
@@ -95,3 +95,14 @@ def test_logits_use_the_reference_ids_even_when_the_candidate_tokenizes_differen
     results = tiny_results["broken-add-bos-flipped-f16"]
     assert results["tokens"].status == FAILED
     assert results["kld"].status == PASSED and results["kld"].value < 1e-4
+
+
+@pytest.mark.parametrize("bug, layer", [("layer-scaled", "1"), ("qk-unpermuted", "0"), ("rope-base", "0"),
+                                        ("norm-eps", "0")])
+def test_layers_check_names_the_first_broken_layer_through_llama_cpp(tiny_results, bug, layer):
+    """Layer 1's weights are scaled: layers before it match; rope/norm/QK bugs show in layer 0."""
+    result = tiny_results[f"broken-{bug}-f16"]["layers"]
+    assert result.extra["first_offending"] == layer
+    assert result.extra["largest_jump"] == layer
+    first = next(row for row in result.extra["layers"] if row["name"] == layer)
+    assert not first["passed"] and all(row["passed"] for row in result.extra["layers"][:int(layer) + 1])

@@ -84,3 +84,26 @@ def test_topk_overlap_and_agreement_by_hand():
 def test_max_abs_diff():
     values, ids = metrics.max_abs_diff(np.array([1.0, -2.0, 3.0]), np.array([1.5, -4.0, 3.0]))
     assert (values[0], ids[0]) == (2.0, 1)
+
+
+# --------------------------------------------------------------------------- hidden states
+def test_hidden_metrics_by_hand():
+    ref = np.array([[[3.0, 4.0], [0.0, 1.0]]])  # one state, two tokens; ||ref||_F^2 = 26
+    cand = np.array([[[3.0, 4.0], [1.0, 1.0]]])  # differs by 1 in one element
+    assert metrics.relative_frobenius(ref, cand)[0] == pytest.approx(np.sqrt(1 / 26))
+    # token 0 identical (cos 1), token 1: <(0,1),(1,1)> / (1 * sqrt 2) = 1 / sqrt 2
+    assert metrics.cosine_error(ref, cand)[0] == pytest.approx(1 - (1 + 1 / np.sqrt(2)) / 2)
+    assert metrics.sqnr_db(26.0, 1.0) == pytest.approx(10 * np.log10(26))
+    assert metrics.relative_frobenius(ref, ref)[0] == 0 and metrics.sqnr_db(26.0, 0.0) == np.inf
+
+
+def test_hidden_metrics_against_independent_implementations():
+    rng = np.random.default_rng(1)
+    ref = rng.normal(size=(5, 7, 16))
+    cand = ref + rng.normal(scale=0.1, size=ref.shape)
+    expected_rfn = [np.linalg.norm(c - r) / np.linalg.norm(r) for r, c in zip(ref, cand)]
+    np.testing.assert_allclose(metrics.relative_frobenius(ref, cand), expected_rfn, rtol=1e-10)
+    cos = torch.nn.functional.cosine_similarity(torch.from_numpy(ref).double(), torch.from_numpy(cand).double(), dim=-1)
+    np.testing.assert_allclose(metrics.cosine_error(ref, cand), 1 - cos.mean(-1).numpy(), rtol=1e-10)
+    sq_diff, sq_ref, _ = metrics.hidden_moments(ref, cand)
+    np.testing.assert_allclose(metrics.rfn_from_moments(sq_diff, sq_ref), expected_rfn, rtol=1e-10)

@@ -51,11 +51,11 @@ def test_without_ref_model_the_plugin_stays_out_of_the_way(pytester, run):
 
 def test_builtin_checks_run_with_no_test_file(run):
     result = run("-v")
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=9)
     out = result.stdout.str()
-    for check in ("tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top"):
+    for check in ("tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top", "layers"):
         assert f"modeldiff[demo-q8_0]::{check} PASSED" in out
-    result.stdout.fnmatch_lines([f"modeldiff: reference * (hf); candidates: demo-q8_0; 8 built-in check items"])
+    result.stdout.fnmatch_lines([f"modeldiff: reference * (hf); candidates: demo-q8_0; 9 built-in check items"])
     result.stdout.fnmatch_lines(["*modeldiff summary*", "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed",
                                  "metric*| value*| threshold*| status", "kld mean, all * positions*| ok"])
     assert result.ret == 0
@@ -64,7 +64,7 @@ def test_builtin_checks_run_with_no_test_file(run):
 def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
     report = tmp_path / "report.json"
     result = run("--modeldiff-threshold", "kld=1e-9", "--modeldiff-json", str(report))
-    result.assert_outcomes(passed=7, failed=1)
+    result.assert_outcomes(passed=8, failed=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         "*modeldiff kld FAILED: demo-q8_0.gguf (llamacpp, Q8_0 -> class q8) vs reference hf",
@@ -78,7 +78,7 @@ def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
     data = json.loads(report.read_text())
     (cand,) = data["candidates"]
     checks = {c["name"]: c for c in cand["checks"]}
-    assert set(checks) == {"tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top"}
+    assert set(checks) == {"tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top", "layers"}
     assert checks["kld"]["status"] == "failed" and checks["kld"]["threshold"] == 1e-9
     assert checks["kld"]["threshold_source"] == "--modeldiff-threshold"
     assert checks["nmse"]["status"] == "passed" and checks["nmse"]["threshold_source"] == "default (q8)"
@@ -99,7 +99,7 @@ def test_marker_beats_cli_beats_ini(pytester, run):
 def test_ini_threshold_applies_when_no_cli(pytester, run):
     pytester.makeini("[pytest]\nmodeldiff_thresholds = max_abs=1e-6\n")
     result = run("-k", "max_abs")
-    result.assert_outcomes(failed=1, deselected=7)
+    result.assert_outcomes(failed=1, deselected=8)
     result.stdout.fnmatch_lines(["*threshold 1e-06 from ini modeldiff_thresholds*"])
 
 
@@ -155,7 +155,7 @@ def test_two_candidates_parametrize_tests_and_items(pytester, run, demo_ref, dem
     pytester.makepyfile("def test_t(modeldiff):\n    modeldiff.assert_kld()\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "-v", f"--ref-model={demo_ref}",
                                 f"--cand-model={demo_cand}", f"--cand-model={second}")
-    result.assert_outcomes(passed=18)
+    result.assert_outcomes(passed=20)
     result.stdout.fnmatch_lines(["*test_t[[]demo-q8_0[]] PASSED*", "*test_t[[]copy-q8_0[]] PASSED*",
                                  "*modeldiff[[]copy-q8_0[]]::same_top PASSED*"])
 
@@ -214,3 +214,62 @@ def test_dump_names_follow_candidate_keys_and_dumps_do_not_mix_with_models(run, 
                                f"--cand-model={out / 'llamacpp-m.bin'}")
     assert mixed.ret == 1
     mixed.stdout.fnmatch_lines(["*llamacpp-m.bin: a logits dump fixes the tokens it was recorded on*"])
+
+
+LAYER_TEST = """
+import pytest
+
+@pytest.mark.modeldiff(rfn={"0": 0.01, "*": 1.0})
+def test_marker_limits_layer_0_only(modeldiff):
+    modeldiff.assert_layer_rfn()
+
+@pytest.mark.modeldiff(rfn={"1": 0.01})
+def test_marker_tight_on_layer_1(modeldiff):
+    modeldiff.assert_layer_rfn()
+
+def test_argument_mapping_falls_back_to_the_default(modeldiff):
+    modeldiff.assert_layer_rfn(max={"1-3": 0.1, "norm": 0.1})  # embd and layer 0: f16 default 0.01
+"""
+
+
+def test_layers_item_table_json_plot_and_markers(pytester, tiny, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    pytester.makepyfile(LAYER_TEST)
+    report = tmp_path / "out" / "report.json"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={tiny / 'hf'}",
+                                f"--cand-model={tiny / 'broken-layer-scaled-f16.gguf'}", "--modeldiff-checks=layers",
+                                f"--modeldiff-json={report}")
+    # built-in item fails at layer 1; marker: layer 0 within 0.01 passes, layer 1 at 0.01 fails;
+    # the argument's loose limits for layers 1-3 and the norm go before the resolved default
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([
+        "*modeldiff layers FAILED: broken-layer-scaled-f16.gguf (llamacpp, F16 -> class f16) vs reference hf",
+        "per-layer rfn (in-memory, thresholds from default (f16)):",
+        "layer | rfn mean *| rfn max *| cos err *| SQNR dB | threshold | status",
+        "1 *| FAIL  <- first over its limit",
+        "where:", "  first state over its limit: layer 1 (rfn * > 0.01 from default (f16))",
+        "  largest jump: layer 1, rfn x* over layer 0 *",
+        "hint: layers before 1 match and layer 1 does not*",
+    ])
+    result.stdout.fnmatch_lines(["*test_marker_tight_on_layer_1*", "*from marker*"])
+    layers = next(c for c in json.loads(report.read_text())["candidates"][0]["checks"] if c["name"] == "layers")
+    assert layers["extra"]["first_offending"] == "1" and len(layers["extra"]["layers"]) == 6
+    assert layers["extra"]["layers"][2]["rfn_mean"] > 0.03 and layers["extra"]["layers"][2]["passed"] is False
+    plot = report.parent / "report-rfn-broken-layer-scaled-f16.svg"
+    svg = ET.parse(plot).getroot()
+    lines = [e for e in svg.iter() if e.tag.endswith("polyline")]
+    assert [e.get("data-label") for e in lines] == ["rfn (mean over sequences)", "threshold"]
+    assert len(lines[0].get("points").split()) == 6
+
+
+def test_stream_layers_runs_only_the_layer_check(pytester, tiny, tmp_path):
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v", f"--ref-model={tiny / 'hf'}",
+                                f"--cand-model={tiny / 'tiny-q8_0.gguf'}", "--modeldiff-checks=layers",
+                                "--modeldiff-stream-layers", f"--modeldiff-checkpoint-dir={tmp_path}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*modeldiff: streaming tiny-q8_0.gguf: * done*", "per-layer rfn (streamed):"])
+    bad = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={tiny / 'hf'}",
+                             f"--cand-model={tiny / 'tiny-q8_0.gguf'}", "--modeldiff-keep-layers=-1")
+    bad.stderr.fnmatch_lines(["*--modeldiff-keep-layers must be an integer >= 0, got -1*"])
+    assert bad.ret == 4

@@ -2,7 +2,7 @@
 import pytest
 
 from pytest_modeldiff.errors import ModelDiffUsageError
-from pytest_modeldiff.registry import CHECKS, QUANT_CLASSES, THRESHOLD_KEYS, quant_class
+from pytest_modeldiff.registry import BY_THRESHOLD_KEY, CHECKS, QUANT_CLASSES, THRESHOLD_KEYS, quant_class
 from pytest_modeldiff.thresholds import Thresholds, parse_assignments, validate
 
 
@@ -55,4 +55,43 @@ def test_quant_class(label, cls):
 
 def test_every_threshold_check_has_a_default_for_every_class():
     for key in THRESHOLD_KEYS:
-        assert set(QUANT_CLASSES) <= set(CHECKS[key].defaults), key
+        assert set(QUANT_CLASSES) <= set(BY_THRESHOLD_KEY[key].defaults), key
+
+
+def test_layer_patterns_resolve_per_layer_across_sources():
+    t = Thresholds(cli=["rfn=0.1", "rfn[0-1]=0.03"], ini=["rfn[norm]=0.5"])
+    limits = t.resolve("q8", marker={"rfn": {"2": 0.001, "5-9": 0.2}})["rfn"].value
+    got = {name: (limits.for_layer(name).value, limits.for_layer(name).source)
+           for name in ("embd", "0", "1", "2", "3", "7", "norm")}
+    assert got == {
+        "embd": (0.1, "--modeldiff-threshold"),  # CLI "*" (the marker has no pattern for it)
+        "0": (0.03, "--modeldiff-threshold"), "1": (0.03, "--modeldiff-threshold"),  # more specific than "*"
+        "2": (0.001, "marker"), "3": (0.1, "--modeldiff-threshold"), "7": (0.2, "marker"),
+        "norm": (0.1, "--modeldiff-threshold"),  # CLI "*" outranks the ini's more specific pattern
+    }
+    default = Thresholds().resolve("f16")["rfn"]
+    assert default.value.for_layer("3") == default.value.for_layer("embd")
+    assert default.value.for_layer("3").value == CHECKS["layers"].defaults["f16"]
+
+
+def test_layer_pattern_forms():
+    assert validate({"rfn": 0.05}, "m") == {"rfn": {"*": 0.05}}
+    assert validate({"rfn": {"0 - 3": 0.02, 4: 0.1, "embd": 1, "*": 0.05}}, "m") == {
+        "rfn": {"0-3": 0.02, "4": 0.1, "embd": 1.0, "*": 0.05}}
+    assert parse_assignments(["rfn=0.05", "rfn[2-3]=0.01"], "cli") == {"rfn": {"*": 0.05, "2-3": 0.01}}
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"rfn": {"3-1": 0.1}}, "layer pattern '3-1': expected"),
+    ({"rfn": {"first": 0.1}}, "layer pattern 'first'"),
+    ({"rfn": {"*": "x"}}, "threshold rfn='x' in m is not a number"),
+    ({"kld": {"*": 0.1}}, "threshold kld in m takes one number, not a mapping"),
+])
+def test_bad_layer_patterns_name_the_pattern(values, message):
+    with pytest.raises(ModelDiffUsageError, match=message):
+        validate(values, "m")
+
+
+def test_per_layer_form_only_for_layer_keys():
+    with pytest.raises(ModelDiffUsageError, match="kld has no per-layer form"):
+        parse_assignments(["kld[0]=0.1"], "cli")
