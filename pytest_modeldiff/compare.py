@@ -344,25 +344,26 @@ class ModelDiff:
             cmp.layers_error = str(exc)
 
     def _layers_possible(self, cmp: Comparison, ref_store: "_ReferenceStore") -> bool:
-        """Both sides must give hidden states; otherwise say why (the layers check reports it)."""
+        """Both sides must give hidden states (else the layers check is skipped, saying why) and
+        --modeldiff-keep-layers must fit the reference's depth."""
         for runner, states in ((self.reference, ref_store.has_hidden), (cmp.candidate, cmp.candidate.gives_hidden)):
             if not states:
                 cmp.layers_skipped = (f"{runner.path} runs in {runner.kind}, which gives no hidden states; "
                                       "per-layer comparison needs hf, gguf-torch or llamacpp on both sides")
                 return False
+        n_layers, keep = ref_store.hidden(0).shape[0] - 2, self.settings.keep_layers
+        if keep > n_layers:
+            cmp.layers_error = f"--modeldiff-keep-layers {keep}: the models have only {n_layers} decoder layers"
+            return False
         return True
 
     def _add_layers(self, cmp: Comparison, acc, ref_hidden: np.ndarray, fwd) -> "layers.LayerAccumulator | None":
         try:
             layers.align(ref_hidden, fwd.hidden, self.reference.path, cmp.candidate.path)
-            keep = self.settings.keep_layers
-            if keep > ref_hidden.shape[0] - 2:
-                raise ModelDiffUsageError(f"--modeldiff-keep-layers {keep}: the models have only "
-                                          f"{ref_hidden.shape[0] - 2} decoder layers")
         except ModelDiffError as exc:
             cmp.layers_error = str(exc)
             return None
-        acc = acc or layers.LayerAccumulator(layers.state_names(ref_hidden.shape[0] - 2), kept=keep)
+        acc = acc or layers.LayerAccumulator(layers.state_names(ref_hidden.shape[0] - 2), kept=self.settings.keep_layers)
         acc.add(ref_hidden, fwd.hidden, fwd.isolated)
         return acc
 

@@ -33,6 +33,16 @@ def test_fixture_and_marker_example_runs(pytester, demo_ref, demo_cand):
     result.assert_outcomes(passed=2)
 
 
+def test_layer_marker_example_runs(pytester, demo_ref, demo_cand):
+    example = next(b for b in python_blocks() if "def test_layers(modeldiff)" in b)
+    pytester.makepyfile(test_layers=example + "\n\n@pytest.mark.modeldiff(rfn={'0-3': 1e-6, '*': 0.05})\n"
+                        "def test_too_tight(modeldiff):\n    modeldiff.assert_layer_rfn()\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
+                                "--modeldiff-checks=none")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*first state over its limit: layer 0 (rfn * > 1.000e-06 from marker)*"])
+
+
 def test_python_api_example_runs(capsys):
     example = next(b for b in python_blocks() if "from pytest_modeldiff import ModelDiff" in b)
     exec(compile(example, "README.md", "exec"), {})
