@@ -35,7 +35,7 @@ def test_fixture_and_marker_example_runs(pytester, demo_ref, demo_cand):
 
 def test_layer_marker_example_runs(pytester, demo_ref, demo_cand):
     example = next(b for b in python_blocks() if "def test_layers(modeldiff)" in b)
-    pytester.makepyfile(test_layers=example + "\n\n@pytest.mark.modeldiff(rfn={'0-3': 1e-6, '*': 0.05})\n"
+    pytester.makepyfile(test_readme_layer_example=example + "\n\n@pytest.mark.modeldiff(rfn={'0-3': 1e-6, '*': 0.05})\n"
                         "def test_too_tight(modeldiff):\n    modeldiff.assert_layer_rfn()\n")
     result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
                                 "--modeldiff-checks=none")
