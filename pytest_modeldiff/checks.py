@@ -10,9 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import layers, mapping, metrics
+from . import mapping, metrics
 from .compare import TOPK_KEPT, Comparison, PositionStats
-from .layers import describe
+from .layers import EMBD, NORM, describe
 from .registry import CHECKS, HIGHER
 from .runners.base import VocabInfo
 from .thresholds import Threshold
@@ -280,7 +280,7 @@ def check_layers(cmp: Comparison, threshold: Threshold) -> CheckResult:
     per_layer, first = [], None
     for i, name in enumerate(st.names):
         limit = threshold.value.for_layer(name)
-        kept = i <= st.kept and st.kept > 0
+        kept = st.is_kept(i)
         ok = kept or _passes(rfn[i], limit.value, CHECKS["layers"].direction)
         if not ok and first is None:
             first = i
@@ -318,22 +318,23 @@ def _explain_layers(result: CheckResult, cmp: Comparison, first: int, jump: int 
         own = int(np.argmax(np.nan_to_num(iso[1:], nan=np.inf))) + 1
         result.details.append(f"isolated error (each layer fed the reference's input): largest at "
                               f"{describe(st.names[own])}, rfn {fmt(iso[own])}")
-    if name == layers.EMBD:
+    if name == EMBD:
         where = ("the token embeddings already differ: token_embd rows (vocabulary order, a shifted or "
                  "transposed tensor) or an embedding scale")
     elif name == "0":
         where = ("the error starts in the first decoder layer, where everything that all layers share shows "
                  "first: rope (freq base, scaling, Q/K permutation), norm epsilon, head counts")
-    elif name == layers.NORM:
+    elif name == NORM:
         where = "only the final norm is off: output_norm weight or norm epsilon"
     else:
         where = (f"layers before {name} match and {describe(name)} does not: suspect that layer's own tensors "
                  "(scaled, swapped or corrupted weights)")
-    tips = [] if iso is not None else [
-        "--cand-runner gguf-torch adds each layer's isolated error"]
-    tips.append(f"--modeldiff-keep-layers {st.names.index(name)} checks whether the layers after it are fine"
-                if name.isdigit() and int(name) > 0 else "")
-    result.hint = "; ".join([where, *filter(None, tips)])
+    tips = [where]
+    if iso is None:
+        tips.append("--cand-runner gguf-torch adds each layer's isolated error")
+    if name.isdigit() and int(name) > 0:
+        tips.append(f"--modeldiff-keep-layers {first} checks whether the layers after it are fine")
+    result.hint = "; ".join(tips)
 
 
 EXACT_CHECKS = {"tokens": check_tokens, "vocab": check_vocab, "metadata": check_metadata}

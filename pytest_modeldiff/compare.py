@@ -20,7 +20,6 @@ import numpy as np
 
 from . import dumps, evaldata, layers, metrics
 from .errors import ModelDiffError, ModelDiffUsageError
-from .layers import LayerStats
 from .registry import quant_class
 from .runners import Runner, make_runner
 from .thresholds import Thresholds
@@ -139,7 +138,7 @@ class Comparison:
     stats: PositionStats | None = None
     n_vocab: int = 0
     error: str | None = None  # why the logit metrics could not be computed
-    layers: LayerStats | None = None
+    layers: layers.LayerStats | None = None
     layers_error: str | None = None  # why the per-layer comparison failed
     layers_skipped: str | None = None  # why it does not apply (a side gives no hidden states)
     timings: dict[str, float] = field(default_factory=dict)
@@ -254,7 +253,10 @@ class ModelDiff:
         first_use = self._ref_store is None
         ref_store = self._reference() if run_models else None
         t0 = time.perf_counter()
-        cand.load(max(len(seq.ids) for seq in eval_input.sequences)) if run_models else cand.load_tokenizer()
+        if run_models:
+            cand.load(max(len(seq.ids) for seq in eval_input.sequences))
+        else:
+            cand.load_tokenizer()
         cand_load = time.perf_counter() - t0
         qtype = cand.quant_type()
         cmp = Comparison(self.reference, cand, qtype, quant_class(qtype), eval_input)
@@ -324,10 +326,9 @@ class ModelDiff:
         if parts and cmp.error is None:
             cmp.stats = PositionStats.concat(parts)
             cmp.n_vocab = int(ref_store.n_vocab)
-        if acc is not None and cmp.error is None and cmp.layers_error is None:
-            cmp.layers = acc.finish("in-memory")
-        elif hidden and cmp.layers_error is None:
+        if hidden and cmp.layers_error is None:  # a failed run leaves no partial layer numbers
             cmp.layers_error = cmp.error
+            cmp.layers = acc.finish("in-memory") if cmp.error is None else None
         if writer:
             self._finish_dumps(cand, writer, last_row, cmp.quant_type)
         return cand_seconds
@@ -344,26 +345,27 @@ class ModelDiff:
             cmp.layers_error = str(exc)
 
     def _layers_possible(self, cmp: Comparison, ref_store: "_ReferenceStore") -> bool:
-        """Both sides must give hidden states (else the layers check is skipped, saying why) and
-        --modeldiff-keep-layers must fit the reference's depth."""
+        """Both sides must give hidden states, else the layers check is skipped, saying why."""
         for runner, states in ((self.reference, ref_store.has_hidden), (cmp.candidate, cmp.candidate.gives_hidden)):
             if not states:
                 cmp.layers_skipped = (f"{runner.path} runs in {runner.kind}, which gives no hidden states; "
                                       "per-layer comparison needs hf, gguf-torch or llamacpp on both sides")
                 return False
-        n_layers, keep = ref_store.hidden(0).shape[0] - 2, self.settings.keep_layers
-        if keep > n_layers:
-            cmp.layers_error = f"--modeldiff-keep-layers {keep}: the models have only {n_layers} decoder layers"
+        try:  # before the candidate runs
+            layers.check_keep(self.settings.keep_layers, ref_store.depth[0])
+        except ModelDiffError as exc:
+            cmp.layers_error = str(exc)
             return False
         return True
 
     def _add_layers(self, cmp: Comparison, acc, ref_hidden: np.ndarray, fwd) -> "layers.LayerAccumulator | None":
         try:
-            layers.align(ref_hidden, fwd.hidden, self.reference.path, cmp.candidate.path)
+            layers.align(layers.depth(ref_hidden), layers.depth(fwd.hidden), self.reference.path, cmp.candidate.path)
         except ModelDiffError as exc:
             cmp.layers_error = str(exc)
             return None
-        acc = acc or layers.LayerAccumulator(layers.state_names(ref_hidden.shape[0] - 2), kept=self.settings.keep_layers)
+        acc = acc or layers.LayerAccumulator(layers.state_names(layers.depth(ref_hidden)[0]),
+                                             kept=self.settings.keep_layers)
         acc.add(ref_hidden, fwd.hidden, fwd.isolated)
         return acc
 
@@ -405,6 +407,7 @@ class _ReferenceStore:
         self.logits = _Rows()
         self.states = _Rows()
         self.has_hidden = False
+        self.depth = (0, 0)  # (decoder layers, width) of the hidden states
         self.n_vocab = 0
         self.seconds = 0.0  # forward time
         self.load_seconds = 0.0
@@ -432,8 +435,9 @@ class _ReferenceStore:
                         f"(first: sequence {i}, position {int(np.argmax(bad))}); the reference itself is broken")
                 store.n_vocab = logits.shape[-1]
                 store.logits.add(np.asarray(logits, dtype=np.float32))
-                if hidden:  # kept as (n_tokens, n_states * n_embd) rows
-                    store.states.add(fwd.hidden.transpose(1, 0, 2).reshape(len(seq.ids), -1), fwd.hidden.shape)
+                if hidden:  # kept as (n_states * n_tokens, n_embd) rows
+                    store.depth = layers.depth(fwd.hidden)
+                    store.states.add(fwd.hidden.reshape(-1, fwd.hidden.shape[-1]))
                 if writer:
                     writer.add(logits, seq.ids, seq.text)
                 if i == 0:
@@ -453,8 +457,8 @@ class _ReferenceStore:
 
     def hidden(self, i: int) -> np.ndarray:
         """(n_states, n_tokens, n_embd) of sequence i."""
-        rows, shape = self.states[i], self.states.shapes[i]
-        return np.asarray(rows).reshape(shape[1], shape[0], shape[2]).transpose(1, 0, 2)
+        n_layers, width = self.depth
+        return np.asarray(self.states[i]).reshape(n_layers + 2, -1, width)
 
     def close(self) -> None:
         self.logits.close()
@@ -469,15 +473,13 @@ class _Rows:
 
     def __init__(self):
         self.arrays: list = []  # arrays, or row counts while spilling, then memmap views
-        self.shapes: list = []  # caller's original shapes
         self._size = 0
         self._spill = None  # (path, file) once spilled
         self._width = None
 
-    def add(self, rows: np.ndarray, shape=None) -> None:
+    def add(self, rows: np.ndarray) -> None:
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         self._width = rows.shape[1]
-        self.shapes.append(shape or rows.shape)
         self._size += rows.nbytes
         if self._spill is None and self._size > self.MEMORY_LIMIT:
             fd, path = tempfile.mkstemp(prefix="modeldiff-ref-", suffix=".f32")

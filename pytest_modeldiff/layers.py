@@ -31,16 +31,23 @@ def describe(name: str) -> str:
     return {EMBD: "embedding", NORM: "final norm"}.get(name, f"layer {name}")
 
 
-def align(ref: np.ndarray, cand: np.ndarray, ref_path, cand_path) -> None:
-    """The two models' states must pair up one to one: same layer count, same width."""
-    if ref.shape[0] != cand.shape[0] or ref.shape[2] != cand.shape[2]:
+def align(ref: tuple[int, int], cand: tuple[int, int], ref_path, cand_path) -> None:
+    """The two models' states must pair up one to one: same (decoder layers, width)."""
+    if ref != cand:
         raise ModelDiffError(
-            f"cannot align layers: {ref_path} has {ref.shape[0] - 2} decoder layers of width {ref.shape[2]}, "
-            f"{cand_path} has {cand.shape[0] - 2} of width {cand.shape[2]}; per-layer comparison needs the "
+            f"cannot align layers: {ref_path} has {ref[0]} decoder layers of width {ref[1]}, "
+            f"{cand_path} has {cand[0]} of width {cand[1]}; per-layer comparison needs the "
             "same architecture (run with --modeldiff-checks without 'layers' to compare logits only)")
-    if ref.shape[1] != cand.shape[1]:
-        raise ModelDiffError(f"cannot align layers: {ref_path} gave {ref.shape[1]} token rows, "
-                             f"{cand_path} gave {cand.shape[1]}")
+
+
+def check_keep(keep: int, n_layers: int) -> None:
+    if keep > n_layers:
+        raise ModelDiffError(f"--modeldiff-keep-layers {keep}: the models have only {n_layers} decoder layers")
+
+
+def depth(states: np.ndarray) -> tuple[int, int]:
+    """(decoder layers, width) of a canonical (n_states, n_tokens, n_embd) array."""
+    return states.shape[0] - 2, states.shape[2]
 
 
 @dataclass
@@ -55,6 +62,10 @@ class LayerStats:
     isolated_rfn: np.ndarray | None = None  # (n_seq, n_states): layer fed the reference's input
     kept: int = 0  # --modeldiff-keep-layers: states 0..kept are the reference's own
     source: str = ""  # "in-memory" or "streamed"
+
+    def is_kept(self, i: int) -> bool:
+        """State i is the reference's own (--modeldiff-keep-layers): embd and the first kept layers."""
+        return self.kept > 0 and i <= self.kept
 
     @property
     def rfn_mean(self) -> np.ndarray:
@@ -77,7 +88,9 @@ class LayerStats:
         among states not kept from the reference; where error starts accumulating."""
         rfn = self.rfn_mean
         best, best_ratio = None, 1.0
-        for i in range(max(1, self.kept + 1), len(rfn)):
+        for i in range(1, len(rfn)):
+            if self.is_kept(i):
+                continue
             prev = max(rfn[i - 1], 1e-12)
             ratio = rfn[i] / prev if np.isfinite(rfn[i]) else np.inf
             if ratio > best_ratio:

@@ -135,8 +135,9 @@ def parse_check_list(raw: str, source: str) -> list[str]:
     return names
 
 
-# Checks computed from the two models' logits (the others need tokenizers, metadata or hidden states).
-LOGIT_CHECKS = ("kld", "nmse", "max_abs", "top10", "same_top")
+# Checks computed from the two models' logits: thresholded and not per layer (the exact checks need
+# tokenizers and metadata, the per-layer one hidden states).
+LOGIT_CHECKS = tuple(name for name, c in CHECKS.items() if c.has_threshold and not c.per_layer)
 
 # Checks that take a numeric threshold, by their marker / CLI / ini key.
 BY_THRESHOLD_KEY = {c.threshold_key: c for c in CHECKS.values() if c.has_threshold}

@@ -21,9 +21,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import layers, mapping
+from . import layers, mapping, metrics
 from .errors import ModelDiffError
 from .gguf_file import open_gguf
+from .runners.base import model_files
 
 DEFAULT_CHECKPOINT_DIR = Path.home() / ".cache" / "pytest-modeldiff" / "stream"
 
@@ -60,7 +61,9 @@ class StreamedModel:
         self._weights = self._gguf_tensor if self.gguf else _SafetensorsIndex(self.path).tensor
 
     def module(self, kind: str, index: int = 0):
-        return {"embd": self.decoder.embed_tokens, "norm": self.decoder.norm}.get(kind) or self.decoder.layers[index]
+        if kind == "embd":
+            return self.decoder.embed_tokens
+        return self.decoder.norm if kind == "norm" else self.decoder.layers[index]
 
     def load(self, module) -> None:
         import torch
@@ -82,9 +85,6 @@ class StreamedModel:
         c = self.config
         return mapping.to_hf_layout(arch, name, self.gguf.read_tensor(name), c.num_attention_heads,
                                     getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
-
-    def files(self) -> list[Path]:
-        return [self.path] if self.path.is_file() else sorted(p for p in self.path.iterdir() if p.is_file())
 
 
 class _SafetensorsIndex:
@@ -142,7 +142,7 @@ def checkpoint_key(ref: StreamedModel, cand: StreamedModel, ids: Sequence[Sequen
     """Changes with the model files (path, size, mtime), the tokens and the settings."""
     h = hashlib.sha256()
     for model in (ref, cand):
-        for f in model.files():
+        for f in model_files(model.path):
             st = f.stat()
             h.update(f"{f.resolve()} {st.st_size} {st.st_mtime_ns}\n".encode())
     h.update(json.dumps([list(map(int, s)) for s in ids]).encode())
@@ -155,11 +155,8 @@ def stream_layers(ref_path: Path, cand_path: Path, ids: Sequence[Sequence[int]],
                   progress: Callable[[str], None] = lambda message: None) -> layers.LayerStats:
     """Per-layer statistics of ``cand_path`` against ``ref_path`` on the token sequences ``ids``."""
     ref, cand = StreamedModel(ref_path), StreamedModel(cand_path)
-    if ref.n_layers != cand.n_layers or ref.config.hidden_size != cand.config.hidden_size:
-        raise ModelDiffError(f"cannot align layers: {ref_path} has {ref.n_layers} decoder layers of width "
-                             f"{ref.config.hidden_size}, {cand_path} has {cand.n_layers} of width {cand.config.hidden_size}")
-    if keep > ref.n_layers:
-        raise ModelDiffError(f"--modeldiff-keep-layers {keep}: the models have only {ref.n_layers} decoder layers")
+    layers.align((ref.n_layers, ref.config.hidden_size), (cand.n_layers, cand.config.hidden_size), ref_path, cand_path)
+    layers.check_keep(keep, ref.n_layers)
     steps = [("embd", 0), *(("layer", i) for i in range(ref.n_layers)), ("norm", 0)]
     names = layers.state_names(ref.n_layers)
     path = Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR) / f"{checkpoint_key(ref, cand, ids, keep)}.npz"
@@ -212,8 +209,6 @@ class _Checkpoint:
         self.moments: list[tuple[np.ndarray, ...]] = []  # per step: sq_diff, sq_ref, cos, isolated rfn (per seq)
 
     def add(self, step: int, new_ref: list, new_cand: list, isolated: list) -> None:
-        from . import metrics
-
         per_seq = [(*metrics.hidden_moments(r, c), metrics.relative_frobenius(r, i))
                    for r, c, i in zip(new_ref, new_cand, isolated)]
         self.moments.append(tuple(np.concatenate(part) for part in zip(*per_seq)))
@@ -221,8 +216,6 @@ class _Checkpoint:
 
     def stats(self, names: list[str], keep: int) -> layers.LayerStats:
         sq_diff, sq_ref, cos, iso = (np.stack(part, axis=1) for part in zip(*self.moments))  # (n_seq, n_states)
-        from . import metrics
-
         return layers.LayerStats(names=names, rfn=metrics.rfn_from_moments(sq_diff, sq_ref), cos_err=1.0 - cos,
                                  sq_diff=sq_diff.sum(0), sq_ref=sq_ref.sum(0), isolated_rfn=iso, kept=keep,
                                  source="streamed")

@@ -13,6 +13,11 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 
+def model_files(path: Path) -> list[Path]:
+    """A model folder's files, or the model file itself."""
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+
+
 @dataclass
 class VocabInfo:
     tokens: list[str]
@@ -61,7 +66,7 @@ class Runner(ABC):
 
     def files(self) -> list[Path]:
         """The files that define the model (hashed into the dump metadata)."""
-        return sorted(p for p in self.path.iterdir() if p.is_file()) if self.path.is_dir() else [self.path]
+        return model_files(self.path)
 
     @abstractmethod
     def load(self, max_tokens: int) -> None:

@@ -17,9 +17,8 @@ class TorchCausalLM(Runner):
     """Shared by every runner that ends in a transformers causal LM (hf, gguf-torch)."""
 
     dump_prefix = "pytorch"
-    model = tokenizer = None
-
     gives_hidden = feeds_layers = True
+    model = tokenizer = None
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         return self.forward(ids).logits
