@@ -39,13 +39,13 @@ BUCKETS = ("load", "forward", "gguf metadata", "tokenize", "vocab", "eval input"
 ENGINE_BUCKETS = [  # (module, class, method, bucket); runner methods are wrapped per instance in one_run
     # our own GGUF header parse (gguf-py); transformers' GGUF loading stays in "load"
     ("pytest_modeldiff.gguf_file", "GGUFFile", "__init__", "gguf metadata"),
-    ("pytest_modeldiff.compare", "ModelDiff", "_build_eval_input", "eval input"),
-    ("pytest_modeldiff.compare", "_ReferenceStore", "run", "reference store"),
-    ("pytest_modeldiff.compare", "_ReferenceStore", "rows", "reference store"),
-    ("pytest_modeldiff.compare", "PositionStats", "measure", "metrics"),
-    ("pytest_modeldiff.compare", "PositionStats", "concat", "metrics"),
+    ("pytest_modeldiff.engine", "ModelDiff", "_build_eval_input", "eval input"),
+    ("pytest_modeldiff.engine", "_ReferenceStore", "run", "reference store"),
+    ("pytest_modeldiff.engine", "_ReferenceStore", "rows", "reference store"),
+    ("pytest_modeldiff.engine", "PositionStats", "measure", "metrics"),
+    ("pytest_modeldiff.engine", "PositionStats", "concat", "metrics"),
     ("pytest_modeldiff.dumps", "AllPositionsWriter", "add", "dumps"),
-    ("pytest_modeldiff.compare", "ModelDiff", "_finish_dumps", "dumps"),
+    ("pytest_modeldiff.engine", "ModelDiff", "_finish_dumps", "dumps"),
 ]
 
 
@@ -128,7 +128,7 @@ NO_DUMPS = "--no-dumps" in sys.argv
 def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     from pytest_modeldiff import report
     from pytest_modeldiff.checks import run_checks
-    from pytest_modeldiff.compare import ModelDiff, Settings
+    from pytest_modeldiff.engine import ModelDiff, Settings
 
     from pytest_modeldiff import gguf_file
 

@@ -1,17 +1,22 @@
 """pytest-modeldiff: check that a converted or quantized model still computes what the original does.
 
-The engine works without pytest: ``from pytest_modeldiff import ModelDiff``.
+Without pytest: ``from pytest_modeldiff import compare`` (one call, see api.py) or the engine
+itself, ``from pytest_modeldiff import ModelDiff``.
 """
 __version__ = "0.1.0"
 
-__all__ = ["ModelDiff", "Settings", "Thresholds", "__version__"]
+__all__ = ["compare", "ModelDiff", "Settings", "Thresholds", "__version__"]
 
 
 def __getattr__(name):  # keep `import pytest_modeldiff` (and the pytest plugin) light
-    if name in ("ModelDiff", "Settings"):
-        from . import compare
+    if name == "compare":
+        from .api import compare
 
-        return getattr(compare, name)
+        return compare
+    if name in ("ModelDiff", "Settings"):
+        from . import engine
+
+        return getattr(engine, name)
     if name == "Thresholds":
         from .thresholds import Thresholds
 

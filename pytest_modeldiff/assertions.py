@@ -9,7 +9,7 @@ from __future__ import annotations
 import unittest
 
 from . import checks
-from .compare import Comparison
+from .engine import Comparison
 from .report import failure_message
 from .registry import CHECKS
 from .thresholds import LayerLimits, Threshold, validate
@@ -31,6 +31,8 @@ class ModelDiffAssertions:
             return checks.run_check(name, self.comparison, self.thresholds)
         if name == "layers":
             return checks.check_layers(self.comparison, self._layer_limits(limit))
+        if name in checks.OWN_FUNCTION_CHECKS:
+            return checks.OWN_FUNCTION_CHECKS[name](self.comparison, self._threshold(name, limit))
         return checks.check_logits(name, self.comparison, self._threshold(name, limit))
 
     def _layer_limits(self, limit) -> Threshold:
@@ -97,6 +99,17 @@ class ModelDiffAssertions:
             raise ValueError(f"assert_topk_agreement: k must be between 1 and {checks.TOPK_KEPT}, got {k}")
         metric = checks.topk_agreement_metric(k)
         return self._verify(checks.check_logits("same_top", self.comparison, self._threshold("same_top", min), metric))
+
+    def assert_prob_mse(self, max: float | None = None):
+        """Mean (softmax(cand) - softmax(ref))^2 <= max (exllamav2's MSE)."""
+        __tracebackhide__ = True
+        return self._verify(self.check("prob_mse", max))
+
+    def assert_topk_accuracy(self, max_drop: float | None = None):
+        """For K = 1..topk-max: the candidate's top-K next-token accuracy is at most ``max_drop``
+        below the reference's (the topk_acc_drop threshold unless given)."""
+        __tracebackhide__ = True
+        return self._verify(self.check("topk_acc_drop", max_drop))
 
     def assert_layer_rfn(self, max=None):
         """Every layer's mean rfn = ||h_cand - h_ref||_F / ||h_ref||_F within its limit: ``max`` is a

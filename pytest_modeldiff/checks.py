@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from . import mapping, metrics
-from .compare import TOPK_KEPT, Comparison, PositionStats
+from .engine import TOPK_KEPT, Comparison, PositionStats
 from .layers import EMBD, NORM, describe
 from .registry import CHECKS, HIGHER
 from .runners.base import VocabInfo
@@ -76,7 +76,27 @@ def check_tokens(cmp: Comparison, threshold=None) -> CheckResult:
         result.hint = ("the candidate tokenizes the same text differently: check tokenizer.ggml.pre "
                        "(pre-tokenizer), merges, special tokens and tokenizer.ggml.add_bos_token; "
                        "logit metrics still use the reference's ids for both models")
+        result.hint = _transformers_version_hint(cmp.reference) + result.hint
     return result
+
+
+def _transformers_version_hint(reference) -> str:
+    """llama.cpp's scripts warn the same way: a model saved by a newer transformers than the one
+    installed is the usual cause of a token mismatch (new tokenizer code, new pre-tokenizers)."""
+    declared = reference.declared_transformers_version()
+    if not declared:
+        return ""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        installed = version("transformers")
+        newer = Version(declared) > Version(installed)
+    except (PackageNotFoundError, InvalidVersion):
+        return ""
+    return (f"the reference's config.json was written by transformers {declared}, newer than the installed "
+            f"{installed}: install that version (pip install transformers=={declared}) and run again; ") if newer else ""
 
 
 def _tok(runner, token_id) -> str:
@@ -153,23 +173,13 @@ class LogitMetric:
     per_position: Callable[[PositionStats], np.ndarray] | None  # for "worst positions"
 
 
-def top_overlap(s: PositionStats, k: int = 10) -> np.ndarray:
-    """|topk(ref) & topk(cand)| / k per position, from the kept top ids (k <= TOPK_KEPT)."""
-    return metrics.overlap_of_ids(s.ref_top[:, :k], s.cand_top[:, :k])
-
-
 def topk_overlap_metric(k: int) -> LogitMetric:
-    return LogitMetric(f"top-{k} overlap", lambda s, v: float(top_overlap(s, k).mean()), lambda s: -top_overlap(s, k))
-
-
-def topk_agreement(s: PositionStats, k: int) -> np.ndarray:
-    """1.0 per position where the first k ids agree in order (k = 1: same top-1)."""
-    return metrics.agreement_of_ids(s.ref_top[:, :k], s.cand_top[:, :k])
+    return LogitMetric(f"top-{k} overlap", lambda s, v: float(s.overlap(k).mean()), lambda s: -s.overlap(k))
 
 
 def topk_agreement_metric(k: int, label: str = "") -> LogitMetric:
-    return LogitMetric(label or f"top-{k} ordered agreement", lambda s, v: float(topk_agreement(s, k).mean()),
-                       lambda s: -topk_agreement(s, k))
+    return LogitMetric(label or f"top-{k} ordered agreement", lambda s, v: float(s.agreement(k).mean()),
+                       lambda s: -s.agreement(k))
 
 
 LOGIT_METRICS = {
@@ -178,6 +188,7 @@ LOGIT_METRICS = {
     "max_abs": LogitMetric("max |diff|", lambda s, v: float(np.max(s.max_abs)), lambda s: s.max_abs),
     "top10": topk_overlap_metric(10),
     "same_top": topk_agreement_metric(1, "same top-1"),
+    "prob_mse": LogitMetric("probability MSE", lambda s, v: float(np.mean(s.prob_mse)), lambda s: s.prob_mse),
 }
 
 
@@ -219,8 +230,6 @@ def check_logits(name: str, cmp: Comparison, threshold: Threshold, metric: Logit
     if name == "kld" and stats.finite.all():
         result.extra = {"median": float(np.median(stats.kld)), "max": float(np.max(stats.kld))}
         result.rows[0].value += f" (median {fmt(result.extra['median'])}, max {fmt(result.extra['max'])})"
-    if name == "same_top":  # exllamav2's ordered top-k agreement, k = 1..5, for the report
-        result.extra = {f"agreement@{k}": float(topk_agreement(stats, k).mean()) for k in range(1, 6)}
     if result.status == FAILED:
         _explain(result, cmp, metric)
     return result
@@ -262,6 +271,42 @@ def _hint(cmp: Comparison) -> str:
             f"from llama.cpp kernel error, or set the threshold with @pytest.mark.modeldiff(...) / "
             f"--modeldiff-threshold if the candidate type ({cmp.quant_type}, class {cmp.quant_class}) "
             "is expected to be this far off")
+
+
+# --------------------------------------------------------------------------- next-token accuracy
+def check_topk_acc_drop(cmp: Comparison, threshold: Threshold) -> CheckResult:
+    """For K = 1..topk_max: reference top-K accuracy minus the candidate's, each at most the
+    threshold. Accuracy is the fraction of positions whose next token is among the model's top K
+    (quality.py); the drop measures lost quality, not disagreement (same_top, top10 do that)."""
+    name = "topk_acc_drop"
+    if cmp.error:
+        return CheckResult(name, cmp.name, ERROR, reason=cmp.error, threshold=threshold)
+    q = cmp.quality
+    if q.positions == 0:
+        return CheckResult(name, cmp.name, SKIPPED, threshold=threshold, reason=(
+            "no position has a next token to predict (a last-position dump holds one row per prompt)"))
+    drops = np.nan_to_num(q.accuracy_drop, nan=np.inf)
+    k = int(np.argmax(drops)) + 1  # the worst K; the quality table shows every K
+    ok = _passes(drops[k - 1], threshold.value, CHECKS[name].direction)
+    result = CheckResult(name, cmp.name, PASSED if ok else FAILED, threshold=threshold, value=float(drops[k - 1]))
+    result.rows.append(Row(f"top-{k} accuracy drop, worst of K = 1..{q.topk_max} ({fmt(q.ref_accuracy[k - 1])} -> "
+                           f"{fmt(q.cand_accuracy[k - 1])} over {q.positions} next tokens)",
+                           fmt(drops[k - 1]), f"<= {fmt(threshold.value)}", ok))
+    if not ok:
+        stats = cmp.stats
+        has = stats.target >= 0
+        lost = np.flatnonzero(has & (stats.ref_rank < k) & (stats.cand_rank >= k))
+        found = int((has & (stats.ref_rank >= k) & (stats.cand_rank < k)).sum())
+        result.details.append(f"top-{k}: the candidate misses {len(lost)} next tokens that the reference has in its "
+                              f"top {k}, and finds {found} that the reference misses")
+        for idx in lost[np.argsort(-stats.cand_rank[lost], kind="stable")][:5]:
+            s, p = int(stats.seq[idx]), int(stats.pos[idx])
+            result.details.append(
+                f"sequence '{cmp.eval.sequences[s].label}' position {p} after {cmp.context(s, p)!r}: next token "
+                f"{cmp.reference.piece(int(stats.target[idx]))!r} ranked {int(stats.ref_rank[idx]) + 1} by the "
+                f"reference, {int(stats.cand_rank[idx]) + 1} by the candidate (kld {fmt(stats.kld[idx])})")
+        result.hint = _hint(cmp)
+    return result
 
 
 # --------------------------------------------------------------------------- per-layer check
@@ -340,11 +385,14 @@ def _explain_layers(result: CheckResult, cmp: Comparison, first: int, jump: int 
 EXACT_CHECKS = {"tokens": check_tokens, "vocab": check_vocab, "metadata": check_metadata}
 
 
+OWN_FUNCTION_CHECKS = {"topk_acc_drop": check_topk_acc_drop, "layers": check_layers}
+
+
 def run_check(name: str, cmp: Comparison, thresholds: dict[str, Threshold]) -> CheckResult:
     if name in EXACT_CHECKS:
         return EXACT_CHECKS[name](cmp)
-    if name == "layers":
-        return check_layers(cmp, thresholds[CHECKS[name].threshold_key])
+    if name in OWN_FUNCTION_CHECKS:
+        return OWN_FUNCTION_CHECKS[name](cmp, thresholds[CHECKS[name].threshold_key])
     return check_logits(name, cmp, thresholds[name])
 
 

@@ -11,6 +11,8 @@ base name or the GGUF's stem. All-positions dump (ours, same raw layout):
     {prefix}-{name}-all.json                    n_vocab, sequence lengths and texts, model file
                                                 hashes, library versions, settings
 Every file is written to a temporary name and renamed, so an interrupted run leaves no half dump.
+A folder of such dumps (llama.cpp's data/) stands for the reference's pytorch-* dump or the
+candidate's llamacpp-* dump (``dump_in_folder``).
 """
 from __future__ import annotations
 
@@ -96,6 +98,40 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 def companion(path: Path, suffix: str) -> Path:
     """``data/pytorch-x.bin`` -> ``data/pytorch-x{suffix}``."""
     return path.with_name(path.name[: -len(".bin")] + suffix)
+
+
+DUMP_PREFIX = {"reference": "pytorch", "candidate": "llamacpp"}
+
+
+def is_dump_folder(path: Path) -> bool:
+    return Path(path).is_dir() and not (Path(path) / "config.json").exists() and any(Path(path).glob("*-tokens.bin"))
+
+
+def dump_in_folder(folder: Path, role: str, wanted: str | None = None) -> Path:
+    """The logits dump in ``folder`` for ``role``: reference -> pytorch-<model>.bin (written by
+    run-org-model.py), candidate -> llamacpp-<model>.bin (llama-debug --save-logits, or ours).
+    With dumps of several models, ``wanted`` (the model's name, as llama.cpp derives it from
+    MODEL_PATH / CONVERTED_MODEL) picks one. Our all-positions -all.bin beats a last-position dump."""
+    prefix = DUMP_PREFIX[role]
+    models = sorted({p.name[len(prefix) + 1:-len(".bin")].removesuffix("-all")
+                     for p in Path(folder).glob(f"{prefix}-*.bin")
+                     if not p.name.endswith(("-tokens.bin", "-embeddings.bin")) and companion(p, "-tokens.bin").is_file()})
+    if not models:
+        raise ModelDiffError(f"{folder}: no {prefix}-<model>.bin logits dump with its -tokens.bin here; the {role} "
+                             f"of a dump folder is its {prefix} dump (llama.cpp writes data/{prefix}-<model>.bin)")
+    if wanted in models:
+        models = [wanted]
+    if len(models) > 1:
+        raise ModelDiffError(f"{folder}: {prefix} dumps of several models ({', '.join(models)}); pass the .bin file or "
+                             "name the model with MODEL_PATH / CONVERTED_MODEL as llama.cpp's scripts do")
+    full = Path(folder) / f"{prefix}-{models[0]}-all.bin"
+    return full if full.is_file() else Path(folder) / f"{prefix}-{models[0]}.bin"
+
+
+def model_name(path: str) -> str:
+    """llama.cpp's get_model_name_from_env_path: base name, .gguf removed."""
+    name = os.path.basename(os.path.normpath(path))
+    return name[:-5] if name.endswith(".gguf") else name
 
 
 def read_dump(path: Path) -> tuple[np.ndarray, list[list[int]], list[str | None], int | None]:

@@ -25,8 +25,61 @@ def kl_divergence(ref, cand) -> np.ndarray:
 
     This is llama-perplexity's direction (base = reference); exllamav2 uses the reverse.
     """
-    log_p, log_q = torch.log_softmax(_2d(ref), -1), torch.log_softmax(_2d(cand), -1)
+    return kl_from_log_probs(*log_probs(ref, cand))
+
+
+def log_probs(ref, cand) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax of both sides, float64: computed once and shared by the functions below."""
+    return torch.log_softmax(_2d(ref), -1), torch.log_softmax(_2d(cand), -1)
+
+
+def kl_from_log_probs(log_p: torch.Tensor, log_q: torch.Tensor) -> np.ndarray:
+    """sum_i exp(log_p_i) (log_p_i - log_q_i) per row (see kl_divergence)."""
     return (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0).numpy()
+
+
+def prob_mse(ref, cand) -> np.ndarray:
+    """Probability MSE per position: mean_i (p_i - q_i)^2 over the vocabulary (exllamav2's MSE).
+
+    Pooled over positions by a plain mean, this is mse_loss(softmax(ref), softmax(cand)).
+    """
+    return prob_mse_from_log_probs(*log_probs(ref, cand))
+
+
+def prob_mse_from_log_probs(log_p: torch.Tensor, log_q: torch.Tensor) -> np.ndarray:
+    """mean_i (exp(log_p_i) - exp(log_q_i))^2 per row (see prob_mse)."""
+    return ((log_p.exp() - log_q.exp()) ** 2).mean(-1).numpy()
+
+
+def target_nll(logits, targets) -> np.ndarray:
+    """Negative log-likelihood of each position's target (next) token: -log softmax(logits)[target]."""
+    return nll_from_log_probs(torch.log_softmax(_2d(logits), -1), targets)
+
+
+def nll_from_log_probs(log_p: torch.Tensor, targets) -> np.ndarray:
+    """-log_p[t, targets[t]] per row."""
+    index = torch.as_tensor(np.asarray(targets), dtype=torch.int64)[:, None]
+    return (-log_p.gather(-1, index)[:, 0]).numpy()
+
+
+def target_rank(logits, targets) -> np.ndarray:
+    """Per position, how many logits are strictly larger than the target token's:
+    rank[t] = |{i : logits[t, i] > logits[t, targets[t]]}|. The target is among the model's top K
+    iff rank < K; a tie with the target counts in the target's favour, so the result does not
+    depend on how a top-k routine orders equal values."""
+    x = _2d(logits, torch.float32)
+    index = torch.as_tensor(np.asarray(targets), dtype=torch.int64)[:, None]
+    return (x > x.gather(-1, index)).sum(-1).numpy()
+
+
+def topk_accuracy(ranks, k: int) -> float:
+    """Fraction of positions whose target is among the top k: mean(rank < k) (see target_rank)."""
+    return float(np.mean(np.asarray(ranks) < k))
+
+
+def perplexity(nll) -> float:
+    """exp(mean negative log-likelihood of the targets)."""
+    return float(np.exp(np.mean(nll)))
 
 
 def max_abs_diff(ref, cand) -> tuple[np.ndarray, np.ndarray]:
@@ -36,8 +89,18 @@ def max_abs_diff(ref, cand) -> tuple[np.ndarray, np.ndarray]:
 
 
 def top_k_ids(logits, k: int) -> np.ndarray:
-    """Ids of the k largest logits per row, largest first (order among exact ties unspecified)."""
-    return torch.topk(_2d(logits, torch.float32), k, dim=-1, sorted=True).indices.numpy()
+    """Ids of the k largest logits per row, largest first; equal logits in id order (lowest
+    first), like a stable descending sort, so ties give the same ids on every platform."""
+    x = _2d(logits, torch.float32)
+    k = min(k, x.shape[-1])
+    values, ids = torch.topk(x, k, dim=-1, sorted=True)
+    # topk leaves the order of equal values (and which of them makes the cut) unspecified: rows
+    # with a tie inside the kept ids or at the cut are redone with a stable sort (rare).
+    tie_inside = (values[:, 1:] == values[:, :-1]).any(-1)
+    tie_at_cut = (x >= values[:, -1:]).sum(-1) > k
+    for row in torch.nonzero(tie_inside | tie_at_cut)[:, 0].tolist():
+        ids[row] = torch.sort(x[row], descending=True, stable=True).indices[:k]
+    return ids.numpy()
 
 
 def topk_overlap(ref, cand, k: int = 10) -> np.ndarray:

@@ -20,9 +20,10 @@ RUNNER_NAMES = tuple(RUNNERS)
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("modeldiff", "model conversion checks (pytest-modeldiff)")
-    group.addoption("--ref-model", metavar="PATH", help="reference model: HF folder, .gguf or logits dump")
+    group.addoption("--ref-model", metavar="PATH",
+                    help="reference model: HF folder, .gguf, logits dump or dump folder (default: $MODEL_PATH)")
     group.addoption("--cand-model", metavar="PATH", action="append", default=[],
-                    help="candidate model to check against the reference (repeatable)")
+                    help="candidate model to check against the reference (repeatable; default: $CONVERTED_MODEL)")
     group.addoption("--ref-runner", choices=RUNNER_NAMES, help="runtime for the reference (default: from the path)")
     group.addoption("--cand-runner", choices=RUNNER_NAMES, help="runtime for the candidates (default: from the path)")
     group.addoption("--eval-text", metavar="FILE", help="evaluate on this UTF-8 text instead of the built-in prompts")
@@ -36,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"built-in checks to run as tests, comma-separated, or 'none' (default: all of {','.join(CHECK_NAMES)})")
     group.addoption("--modeldiff-dump-dir", metavar="DIR", help="write llama.cpp-compatible logit and token dumps here")
     group.addoption("--modeldiff-json", metavar="PATH", help="write every candidate's metrics, thresholds and verdicts")
+    group.addoption("--modeldiff-csv", metavar="PATH", help="the same numbers as CSV: a row per candidate and metric or layer")
+    group.addoption("--modeldiff-topk-max", type=int, metavar="K",
+                    help="top-K accuracy and agreement for K = 1..K (default 5)")
     group.addoption("--modeldiff-device", choices=("cpu", "cuda"), help="device for torch runners and llama.cpp offload")
     group.addoption("--modeldiff-threads", type=int, metavar="N", help="CPU threads per model (default: all cores)")
     group.addoption("--modeldiff-keep-layers", type=int, metavar="K",
@@ -48,6 +52,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("modeldiff_checks", "built-in checks to run (comma-separated, or none)", default="")
     parser.addini("modeldiff_dump_dir", "default for --modeldiff-dump-dir", default="")
     parser.addini("modeldiff_json", "default for --modeldiff-json", default="")
+    parser.addini("modeldiff_csv", "default for --modeldiff-csv", default="")
     parser.addini("modeldiff_device", "default for --modeldiff-device", default="")
     parser.addini("modeldiff_eval_text", "default for --eval-text", default="")
     parser.addini("modeldiff_eval_length", "default for --eval-length", default="")
@@ -58,8 +63,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "modeldiff(**thresholds): thresholds for this test's modeldiff assertions, "
                    "e.g. @pytest.mark.modeldiff(kld=0.01, top10=0.9)")
-    if config.getoption("--ref-model"):
+    if model_paths(config)[0]:
         config.stash[_STATE] = _State.from_config(config)
+
+
+def model_paths(config: pytest.Config) -> tuple[str | None, list[str]]:
+    """--ref-model / --cand-model, else llama.cpp's model-conversion variables MODEL_PATH (the
+    original model) and CONVERTED_MODEL (the GGUF), so its scripts' set-up works unchanged."""
+    ref = config.getoption("--ref-model") or os.environ.get("MODEL_PATH") or None
+    cands = config.getoption("--cand-model") or ([os.environ["CONVERTED_MODEL"]] if os.environ.get("CONVERTED_MODEL") else [])
+    return ref, cands
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -81,7 +94,7 @@ class _State:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "_State":
-        from .compare import ModelDiff, Settings
+        from .engine import ModelDiff, Settings
         from .errors import ModelDiffError
         from .thresholds import Thresholds
 
@@ -102,9 +115,10 @@ class _State:
         def given(value, default):
             return default if value is None else value
 
-        candidates = config.getoption("--cand-model")
+        ref, candidates = model_paths(config)
         if not candidates:
-            raise pytest.UsageError("--ref-model needs at least one --cand-model to compare against it")
+            given = "--ref-model" if config.getoption("--ref-model") else f"MODEL_PATH={ref}"
+            raise pytest.UsageError(f"{given} needs at least one --cand-model (or CONVERTED_MODEL) to compare against it")
         try:
             checks = parse_check_list(config.getoption("--modeldiff-checks") or config.getini("modeldiff_checks")
                                       or " ".join(CHECKS), "--modeldiff-checks")
@@ -125,6 +139,7 @@ class _State:
                 keep_layers=given(opt("--modeldiff-keep-layers", cast=int), Settings.keep_layers),
                 stream_layers=bool(config.getoption("--modeldiff-stream-layers")),
                 checkpoint_dir=opt("--modeldiff-checkpoint-dir", is_path=True),
+                topk_max=given(opt("--modeldiff-topk-max", cast=int), Settings.topk_max),
             )
             if settings.device.startswith("cuda"):
                 import torch
@@ -133,7 +148,7 @@ class _State:
                     raise ModelDiffError(f"--modeldiff-device cuda: torch {torch.__version__} sees no CUDA device; use cpu")
             state = cls(config, None, checks)
             thresholds = Thresholds(config.getoption("--modeldiff-threshold"), config.getini("modeldiff_thresholds"))
-            state.engine = ModelDiff(config.getoption("--ref-model"), candidates, settings, thresholds, state.progress)
+            state.engine = ModelDiff(ref, candidates, settings, thresholds, state.progress)
         except ModelDiffError as exc:
             raise pytest.UsageError(str(exc)) from None
         return state
@@ -291,8 +306,9 @@ def modeldiff(request: pytest.FixtureRequest, modeldiff_candidate: str | None):
 
     modeldiff.assert_tokens_equal(), .assert_kld(max=None), .assert_nmse(), .assert_topk_overlap(k=10),
     .assert_same_top(), .assert_max_abs(), .assert_vocab_equal(), .assert_metadata_equal(),
-    .assert_layer_rfn(max=None or {"0-3": 0.02, "*": 0.05});
-    .comparison holds the raw per-position numbers. Thresholds: marker > CLI > ini > default.
+    .assert_layer_rfn(max=None or {"0-3": 0.02, "*": 0.05}), .assert_prob_mse(max=None),
+    .assert_topk_accuracy(max_drop=None); .comparison holds the raw per-position numbers and
+    .comparison.quality both models' perplexity and top-K accuracy. Thresholds: marker > CLI > ini > default.
     """
     state = request.config.stash.get(_STATE, None)
     if state is None:
@@ -316,7 +332,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     state = config.stash.get(_STATE, None)
     if state is None or not (state.engine.computed() or state.errors):
         return
-    from .report import summary, to_json, write_json, write_layer_plots
+    from .report import summary, to_json, write_csv, write_json, write_layer_plots
 
     results = _all_results(state)
     terminalreporter.section("modeldiff summary (built-in checks; thresholds from CLI > ini > default)")
@@ -326,9 +342,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line("")
     for key, message in state.errors.items():
         terminalreporter.write_line(f"{key}: not compared: {message}", red=True)
+    data = to_json(results, state.errors)
     json_path = config.getoption("--modeldiff-json") or config.getini("modeldiff_json")
     if json_path:
-        write_json(Path(json_path), to_json(results, state.errors))
+        write_json(Path(json_path), data)
         terminalreporter.write_line(f"modeldiff: JSON report written to {os.path.abspath(json_path)}")
         for plot in write_layer_plots(results, Path(json_path)):
             terminalreporter.write_line(f"modeldiff: per-layer plot written to {os.path.abspath(plot)}")
+    csv_path = config.getoption("--modeldiff-csv") or config.getini("modeldiff_csv")
+    if csv_path:
+        write_csv(Path(csv_path), data)
+        terminalreporter.write_line(f"modeldiff: CSV report written to {os.path.abspath(csv_path)}")

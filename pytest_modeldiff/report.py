@@ -1,6 +1,8 @@
-"""Human and machine output: failure messages, the terminal summary and the JSON report."""
+"""Human and machine output: failure messages, the terminal summary, the JSON and CSV reports."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -8,7 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt
-from .compare import Comparison
+from .engine import Comparison
 
 
 def table(rows: Iterable[Row]) -> list[str]:
@@ -43,6 +45,22 @@ def layer_table(result: CheckResult) -> list[str]:
     return _aligned(lines)
 
 
+def quality_table(cmp: Comparison) -> list[str]:
+    """Both models side by side on the next tokens (exllamav2 model_diff's summary)."""
+    q = cmp.quality
+    if q is None:
+        return []
+    if q.positions == 0:
+        return [f"next-token quality: no position has a next token; probability MSE {fmt(q.prob_mse)}"]
+    lines = [(f"next-token quality ({q.positions} positions)", "reference", "candidate", "change"),
+             ("perplexity", fmt(q.ref_ppl), fmt(q.cand_ppl), f"{(q.cand_ppl / q.ref_ppl - 1) * 100:+.2f} %")]
+    lines += [(f"top-{k} accuracy", f"{r:.4f}", f"{c:.4f}", f"{c - r:+.4f}")
+              for k, (r, c) in enumerate(zip(q.ref_accuracy, q.cand_accuracy), start=1)]
+    lines += [(f"top-{k} agreement (ordered)", "", f"{a:.4f}", "") for k, a in enumerate(q.agreement, start=1)]
+    lines.append(("probability MSE", "", fmt(q.prob_mse), ""))
+    return _aligned(lines)
+
+
 def verdict(result: CheckResult, cmp: Comparison) -> str:
     word = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED", "error": "ERROR"}[result.status]
     return (f"modeldiff {result.name} {word}: {cmp.candidate.path.name} ({cmp.candidate.kind}, "
@@ -54,6 +72,8 @@ def failure_message(result: CheckResult, cmp: Comparison) -> str:
     lines = [verdict(result, cmp), *table(result.rows)]
     if result.threshold is not None:
         lines.append(f"threshold {result.threshold.value:g} from {result.threshold.source}")
+    if result.name == "topk_acc_drop":
+        lines += quality_table(cmp)
     if "layers" in result.extra:
         sources = sorted({row["threshold_source"] for row in result.extra["layers"]})
         lines += [f"per-layer rfn ({result.extra['source']}, thresholds from {', '.join(sources)}):",
@@ -81,7 +101,7 @@ def summary(cmp: Comparison, results: list[CheckResult]) -> list[str]:
         else:
             rows.append(Row(r.name, f"{sum(x.passed for x in r.rows)}/{len(r.rows)} equal", "all equal",
                             r.status != FAILED))
-    lines = [head, *table(rows)]
+    lines = [head, *table(rows), *quality_table(cmp)]
     for r in results:
         if "layers" in r.extra:
             lines += [f"per-layer rfn ({r.extra['source']}):", *layer_table(r)]
@@ -99,9 +119,11 @@ def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], errors
             "quant_type": cmp.quant_type, "quant_class": cmp.quant_class,
             "positions": 0 if cmp.stats is None else len(cmp.stats),
             "sequences": len(cmp.eval.sequences), "timings": cmp.timings,
+            "quality": None if cmp.quality is None else cmp.quality.to_dict(),
             "checks": [{
                 "name": r.name, "status": r.status, "value": r.value,
-                "threshold": None if r.threshold is None else r.threshold.value,
+                # per-layer limits are in extra["layers"]
+                "threshold": r.threshold.value if r.threshold and isinstance(r.threshold.value, float) else None,
                 "threshold_source": None if r.threshold is None else r.threshold.source,
                 "rows": [row.__dict__ for row in r.rows], "details": r.details,
                 "reason": r.reason or None, **({"extra": r.extra} if r.extra else {}),
@@ -127,6 +149,53 @@ def _finite(value):
 
 def write_json(path: Path, data: dict) -> None:
     _write_atomic(Path(path), json.dumps(data, indent=2, default=str, allow_nan=False))
+
+
+CSV_COLUMNS = ("candidate", "quant_type", "check", "metric", "layer", "reference", "value", "threshold", "status")
+
+
+def csv_rows(report: dict) -> list[dict]:
+    """The JSON report (``to_json``) as flat rows, in CSV_COLUMNS: per candidate one row per
+    check (its headline value), one per quality metric (reference beside candidate) and one per
+    layer rfn. Numbers are written as repr, so they read back to the JSON's exact floats."""
+    rows = []
+    for cand in report["candidates"]:
+        def row(**cells):
+            rows.append({**dict.fromkeys(CSV_COLUMNS, ""), "candidate": cand["name"],
+                         "quant_type": cand.get("quant_type", ""), **{k: _cell(v) for k, v in cells.items()}})
+
+        if "error" in cand:
+            row(status="error", metric=cand["error"])
+            continue
+        for check in cand["checks"]:
+            row(check=check["name"], metric=check["name"], value=check["value"], threshold=check["threshold"],
+                status=check["status"])
+            for layer in check.get("extra", {}).get("layers", []):
+                row(check=check["name"], metric="rfn", layer=layer["name"], value=layer["rfn_mean"],
+                    threshold=layer["threshold"], status="kept" if layer["kept"] else
+                    "passed" if layer["passed"] else "failed")
+        q = cand.get("quality")
+        if q and q["positions"]:
+            row(metric="perplexity", reference=q["ref_ppl"], value=q["cand_ppl"])
+            for k, (ref, value) in enumerate(zip(q["ref_accuracy"], q["cand_accuracy"]), start=1):
+                row(metric=f"top{k}_accuracy", reference=ref, value=value)
+            for k, value in enumerate(q["agreement"], start=1):
+                row(metric=f"top{k}_agreement", value=value)
+        if q:
+            row(metric="prob_mse", value=q["prob_mse"])
+    return rows
+
+
+def _cell(value) -> str:
+    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
+def write_csv(path: Path, report: dict) -> None:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(csv_rows(report))
+    _write_atomic(Path(path), out.getvalue())
 
 
 def write_layer_plots(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], json_path: Path) -> list[Path]:

@@ -1,4 +1,5 @@
-"""The one place thresholds are parsed and resolved: marker > CLI > ini > default.
+"""The one place thresholds are parsed and resolved: marker > CLI > ini > default (a Python
+caller's ``thresholds=`` mapping sits where the CLI would, above it).
 
 Every value remembers where it came from, so a failure can say "threshold 0.01 (from
 @pytest.mark.modeldiff)" and a typo can say which option or marker held it.
@@ -125,24 +126,26 @@ def pattern_span(pattern: str, name: str) -> int | None:
 
 
 class Thresholds:
-    """CLI and ini thresholds of one run; ``resolve`` adds the marker and the defaults."""
+    """The run's thresholds below the marker: a Python caller's ``given`` mapping (the marker's
+    form, see ``api.compare``), CLI and ini; ``resolve`` adds the marker and the defaults."""
 
+    GIVEN = "compare(thresholds=...)"
     CLI = "--modeldiff-threshold"
     INI = "ini modeldiff_thresholds"
 
-    def __init__(self, cli: Iterable[str] = (), ini: Iterable[str] = ()):
+    def __init__(self, cli: Iterable[str] = (), ini: Iterable[str] = (), given: Mapping | None = None):
+        self.given = validate(given or {}, self.GIVEN)
         self.cli = parse_assignments(cli, self.CLI)
         self.ini = parse_assignments(ini, self.INI)
 
     def resolve(self, quant_class: str, marker: Mapping | None = None) -> dict[str, Threshold]:
-        """Threshold for every threshold key: marker > CLI > ini > default for ``quant_class``."""
-        marker = marker or {}
+        """Threshold for every threshold key: marker > given > CLI > ini > default for ``quant_class``."""
+        layers = ((marker or {}, "marker"), (self.given, self.GIVEN), (self.cli, self.CLI), (self.ini, self.INI))
         resolved = {}
         for key in THRESHOLD_KEYS:
             check = BY_THRESHOLD_KEY[key]
             default = Threshold(check.default_for(quant_class), f"default ({quant_class})")
-            given = [(source, layer[key]) for layer, source in
-                     ((marker, "marker"), (self.cli, self.CLI), (self.ini, self.INI)) if key in layer]
+            given = [(source, layer[key]) for layer, source in layers if key in layer]
             if check.per_layer:
                 sources = tuple((source, tuple(patterns.items())) for source, patterns in given)
                 limits = LayerLimits(sources + ((default.source, (("*", default.value),)),))

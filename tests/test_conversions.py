@@ -4,7 +4,7 @@ conversion fails, and fails in the check that names its bug."""
 import pytest
 
 from pytest_modeldiff.checks import FAILED, PASSED, SKIPPED, run_checks
-from pytest_modeldiff.compare import ModelDiff, Settings
+from pytest_modeldiff.engine import ModelDiff, Settings
 
 CORRECT = ["f32", "f16", "bf16", "q8_0", "q4_k_m"]
 # broken variant -> checks that must fail (others may fail too)

@@ -2,15 +2,17 @@
 reads both theirs and ours back."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import transformers
 
-from pytest_modeldiff import dumps
-from pytest_modeldiff.checks import PASSED, SKIPPED, run_checks
-from pytest_modeldiff.compare import ModelDiff, Settings
+from pytest_modeldiff import compare, dumps
+from pytest_modeldiff.checks import FAILED, PASSED, SKIPPED, run_checks
+from pytest_modeldiff.engine import ModelDiff, Settings
 from pytest_modeldiff.errors import ModelDiffError
 
 
@@ -117,3 +119,73 @@ def test_assertions_skip_what_a_dump_cannot_answer_and_fail_with_the_table(dumpe
             helpers.assert_topk_agreement(k=5, min=1.0)
     finally:
         md.close()
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_data(tmp_path_factory, dumped, demo_ref):
+    """data/ as llama.cpp's model-conversion workflow leaves it: pytorch-hf.* written by its own
+    run-org-model.py, and the candidate's last-position llamacpp-* files (llama-debug
+    --save-logits is not built here; ours have its format, which compare-logits.py accepts above)."""
+    import build
+
+    cwd = tmp_path_factory.mktemp("llama-cpp-workflow")
+    env = {**os.environ, "MODEL_PATH": str(demo_ref), "HF_HUB_OFFLINE": "1"}
+    org = subprocess.run([sys.executable, str(build.llama_cpp_scripts() / "causal" / "run-org-model.py"), "--device", "cpu"],
+                         cwd=cwd, env=env, capture_output=True, text=True)
+    assert org.returncode == 0, org.stdout + org.stderr
+    for f in dumped.glob("llamacpp-demo-q8_0*"):
+        if "-all" not in f.name:
+            shutil.copy(f, cwd / "data")
+    return cwd / "data"
+
+
+def test_a_llama_cpp_data_folder_is_both_reference_and_candidate(llama_cpp_data):
+    assert sorted(p.name for p in llama_cpp_data.glob("*-tokens.bin")) == ["llamacpp-demo-q8_0-tokens.bin",
+                                                                           "pytorch-hf-tokens.bin"]
+    report = compare(llama_cpp_data, llama_cpp_data)
+    cand = report["llamacpp-demo-q8_0"]
+    assert cand.comparison.reference.path == llama_cpp_data / "pytorch-hf.bin"
+    assert cand.comparison.candidate.path == llama_cpp_data / "llamacpp-demo-q8_0.bin"
+    statuses = {r.name: r.status for r in cand.results}
+    assert statuses["tokens"] == statuses["kld"] == statuses["nmse"] == PASSED
+    assert statuses["topk_acc_drop"] == SKIPPED, "one last-position row per dump: no next tokens"
+
+
+def test_a_folder_with_several_models_needs_the_llama_cpp_variables(llama_cpp_data, tmp_path, monkeypatch, demo_ref):
+    folder = tmp_path / "data"
+    shutil.copytree(llama_cpp_data, folder)
+    for f in list(folder.glob("pytorch-hf*")):
+        shutil.copy(f, folder / f.name.replace("pytorch-hf", "pytorch-other"))
+    monkeypatch.delenv("MODEL_PATH", raising=False)
+    with pytest.raises(ModelDiffError, match=r"pytorch dumps of several models \(hf, other\); pass the .bin file"):
+        ModelDiff(folder, [folder])
+    monkeypatch.setenv("MODEL_PATH", str(demo_ref))  # .../hf: llama.cpp's model name "hf"
+    assert ModelDiff(folder, [folder]).reference.path == folder / "pytorch-hf.bin"
+    only_reference = tmp_path / "ref-only"
+    only_reference.mkdir()
+    for f in folder.glob("pytorch-hf*"):
+        shutil.copy(f, only_reference)
+    with pytest.raises(ModelDiffError, match=r"ref-only: no llamacpp-<model>.bin logits dump with its -tokens.bin"):
+        ModelDiff(only_reference, [only_reference])
+
+
+def test_a_token_mismatch_names_a_newer_transformers_from_the_reference_config(llama_cpp_data, tmp_path, demo_ref,
+                                                                               monkeypatch):
+    newer = tmp_path / "hf"
+    shutil.copytree(demo_ref, newer)
+    config = json.loads((newer / "config.json").read_text())
+    (newer / "config.json").write_text(json.dumps({**config, "transformers_version": "99.1.0"}))
+    row = np.fromfile(llama_cpp_data / "llamacpp-demo-q8_0.bin", dtype=np.float32)
+    ids = np.fromfile(llama_cpp_data / "llamacpp-demo-q8_0-tokens.bin", dtype=np.int32).tolist()
+    cand = dumps.write_last_position(tmp_path / "other", "llamacpp", "retokenized", row, ids[1:], "Hello, my name is")
+
+    for reference in (newer, llama_cpp_data / "pytorch-hf.bin"):  # a HF folder; a dump with MODEL_PATH set
+        monkeypatch.setenv("MODEL_PATH", str(newer))
+        tokens = compare(reference, cand, checks=["tokens"])["llamacpp-retokenized"].result("tokens")
+        assert tokens.status == FAILED
+        assert tokens.hint.startswith("the reference's config.json was written by transformers 99.1.0, newer than "
+                                      f"the installed {transformers.__version__}: install that version "
+                                      "(pip install transformers==99.1.0)")
+    monkeypatch.setenv("MODEL_PATH", str(demo_ref))  # 5.23.0, the installed version: no such hint
+    tokens = compare(llama_cpp_data / "pytorch-hf.bin", cand, checks=["tokens"])["llamacpp-retokenized"].result("tokens")
+    assert tokens.status == FAILED and "transformers" not in tokens.hint

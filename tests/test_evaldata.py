@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pytest_modeldiff import evaldata
-from pytest_modeldiff.compare import ModelDiff, Settings
+from pytest_modeldiff.engine import ModelDiff, Settings
 from pytest_modeldiff.errors import ModelDiffError
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 200

@@ -6,7 +6,7 @@ import pytest
 import build
 from pytest_modeldiff import metrics
 from pytest_modeldiff.checks import FAILED, PASSED, check_layers
-from pytest_modeldiff.compare import ModelDiff, Settings
+from pytest_modeldiff.engine import ModelDiff, Settings
 from pytest_modeldiff.errors import ModelDiffUsageError
 from pytest_modeldiff.report import failure_message
 from pytest_modeldiff.runners import make_runner

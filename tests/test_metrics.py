@@ -81,6 +81,42 @@ def test_topk_overlap_and_agreement_by_hand():
     assert metrics.topk_agreement(ref, ref, k=5)[0] == 1.0
 
 
+def test_top_k_ids_order_ties_by_id_inside_and_at_the_cut():
+    x = np.array([[1.0, 3.0, 3.0, 0.0, 3.0],     # three-way tie at the top: ids 1, 2, 4
+                  [5.0, 1.0, 2.0, 2.0, 2.0]])    # tie across the cut at k = 2: id 2 makes it
+    np.testing.assert_array_equal(metrics.top_k_ids(x, 2), [[1, 2], [0, 2]])
+    np.testing.assert_array_equal(metrics.top_k_ids(x, 5), np.argsort(-x, axis=-1, kind="stable"))
+
+
+def test_target_rank_and_topk_accuracy_by_hand_with_ties():
+    logits = np.array([[0.0, 2.0, 1.0, 2.0],    # target 3 ties with id 1 for the top: rank 0
+                       [3.0, 2.0, 2.0, 1.0],    # target 2 ties with id 1 behind id 0: rank 1
+                       [1.0, 1.0, 1.0, 1.0],    # everything tied: rank 0
+                       [4.0, 3.0, 2.0, 1.0]])   # target 3 is last: rank 3
+    targets = [3, 2, 0, 3]
+    ranks = metrics.target_rank(logits, targets)
+    np.testing.assert_array_equal(ranks, [0, 1, 0, 3])
+    assert [metrics.topk_accuracy(ranks, k) for k in (1, 2, 3, 4)] == [0.5, 0.75, 0.75, 1.0]
+
+
+def test_target_nll_and_perplexity_match_torch_cross_entropy():
+    logits, targets = rng.normal(0, 3, (6, 300)), rng.integers(0, 300, 6)
+    expected = F.cross_entropy(torch.tensor(logits), torch.tensor(targets), reduction="none").numpy()
+    np.testing.assert_allclose(metrics.target_nll(logits, targets), expected, rtol=1e-10)
+    assert metrics.perplexity(expected) == pytest.approx(math.exp(expected.mean()), rel=1e-12)
+    uniform = np.zeros((3, 7))  # every token equally likely: perplexity = vocabulary size
+    assert metrics.perplexity(metrics.target_nll(uniform, [0, 3, 6])) == pytest.approx(7.0, rel=1e-12)
+
+
+def test_prob_mse_by_hand_and_against_torch_mse_loss():
+    ref, cand = np.array([0.0, math.log(3.0)]), np.array([0.0, 0.0])  # p = [1/4, 3/4], q = [1/2, 1/2]
+    assert metrics.prob_mse(ref, cand)[0] == pytest.approx((0.25 ** 2 + 0.25 ** 2) / 2, rel=1e-12)
+    ref, cand = rng.normal(0, 3, (5, 1000)), rng.normal(0, 3, (5, 1000))
+    expected = F.mse_loss(torch.softmax(torch.tensor(ref), -1), torch.softmax(torch.tensor(cand), -1)).item()
+    assert float(np.mean(metrics.prob_mse(ref, cand))) == pytest.approx(expected, rel=1e-10)
+    assert metrics.prob_mse(ref, ref + 5.0) == pytest.approx(np.zeros(5), abs=1e-15)
+
+
 def test_max_abs_diff():
     values, ids = metrics.max_abs_diff(np.array([1.0, -2.0, 3.0]), np.array([1.5, -4.0, 3.0]))
     assert (values[0], ids[0]) == (2.0, 1)

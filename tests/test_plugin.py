@@ -1,10 +1,14 @@
 """Plugin behaviour through pytester: options, built-in items, markers, precedence, errors,
 exit codes, terminal summary and JSON report. Runs on the committed demo pair."""
+import csv
 import json
 import shutil
 
 import pytest
 
+from pytest_modeldiff.registry import CHECKS
+
+N = len(CHECKS)
 
 USER_TEST = """
 import pytest
@@ -51,11 +55,11 @@ def test_without_ref_model_the_plugin_stays_out_of_the_way(pytester, run):
 
 def test_builtin_checks_run_with_no_test_file(run):
     result = run("-v")
-    result.assert_outcomes(passed=9)
+    result.assert_outcomes(passed=N)
     out = result.stdout.str()
-    for check in ("tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top", "layers"):
+    for check in CHECKS:
         assert f"modeldiff[demo-q8_0]::{check} PASSED" in out
-    result.stdout.fnmatch_lines([f"modeldiff: reference * (hf); candidates: demo-q8_0; 9 built-in check items"])
+    result.stdout.fnmatch_lines([f"modeldiff: reference * (hf); candidates: demo-q8_0; {N} built-in check items"])
     result.stdout.fnmatch_lines(["*modeldiff summary*", "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed",
                                  "metric*| value*| threshold*| status", "kld mean, all * positions*| ok"])
     assert result.ret == 0
@@ -64,7 +68,7 @@ def test_builtin_checks_run_with_no_test_file(run):
 def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
     report = tmp_path / "report.json"
     result = run("--modeldiff-threshold", "kld=1e-9", "--modeldiff-json", str(report))
-    result.assert_outcomes(passed=8, failed=1)
+    result.assert_outcomes(passed=N - 1, failed=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         "*modeldiff kld FAILED: demo-q8_0.gguf (llamacpp, Q8_0 -> class q8) vs reference hf",
@@ -78,7 +82,7 @@ def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
     data = json.loads(report.read_text())
     (cand,) = data["candidates"]
     checks = {c["name"]: c for c in cand["checks"]}
-    assert set(checks) == {"tokens", "vocab", "metadata", "kld", "nmse", "max_abs", "top10", "same_top", "layers"}
+    assert set(checks) == set(CHECKS)
     assert checks["kld"]["status"] == "failed" and checks["kld"]["threshold"] == 1e-9
     assert checks["kld"]["threshold_source"] == "--modeldiff-threshold"
     assert checks["nmse"]["status"] == "passed" and checks["nmse"]["threshold_source"] == "default (q8)"
@@ -99,7 +103,7 @@ def test_marker_beats_cli_beats_ini(pytester, run):
 def test_ini_threshold_applies_when_no_cli(pytester, run):
     pytester.makeini("[pytest]\nmodeldiff_thresholds = max_abs=1e-6\n")
     result = run("-k", "max_abs")
-    result.assert_outcomes(failed=1, deselected=8)
+    result.assert_outcomes(failed=1, deselected=N - 1)
     result.stdout.fnmatch_lines(["*threshold 1e-06 from ini modeldiff_thresholds*"])
 
 
@@ -121,7 +125,8 @@ def test_unknown_marker_key_is_an_error_naming_the_key(pytester, run):
     (["--modeldiff-threshold", "kdl=1"], "ERROR: unknown threshold key 'kdl' in --modeldiff-threshold*"),
     (["--modeldiff-checks", "kld,bogus"], "ERROR: --modeldiff-checks: unknown check(s) bogus*"),
     (["--eval-length", "0"], "ERROR: --eval-length must be an integer >= 2, got 0"),
-    (["--modeldiff-threads=-1"], "ERROR: --threads must be an integer >= 1, got -1"),
+    (["--modeldiff-threads=-1"], "ERROR: --modeldiff-threads must be an integer >= 1, got -1"),
+    (["--modeldiff-topk-max=0"], "ERROR: --modeldiff-topk-max must be an integer >= 1, got 0"),
 ])
 def test_usage_errors_exit_4_with_one_line(run, args, message):
     result = run(*args)
@@ -149,13 +154,42 @@ def test_missing_and_wrong_files_are_named(run, tmp_path, demo_cand):
     result.stderr.fnmatch_lines(["ERROR: --ref-model needs at least one --cand-model*"])
 
 
+def test_llama_cpp_environment_variables_name_the_models(pytester, demo_ref, demo_cand, monkeypatch):
+    monkeypatch.setenv("MODEL_PATH", str(demo_ref))
+    monkeypatch.setenv("CONVERTED_MODEL", str(demo_cand))
+    result = pytester.runpytest("-p", "no:cacheprovider", "--modeldiff-checks=tokens,kld")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines([f"modeldiff: reference {demo_ref} (hf); candidates: demo-q8_0; 2 built-in check items"])
+
+    monkeypatch.setenv("CONVERTED_MODEL", "/nonexistent/model.gguf")  # an option beats the variable
+    result = pytester.runpytest("-p", "no:cacheprovider", "--modeldiff-checks=kld", f"--cand-model={demo_cand}")
+    result.assert_outcomes(passed=1)
+
+    monkeypatch.delenv("CONVERTED_MODEL")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: MODEL_PATH={demo_ref} needs at least one --cand-model (or CONVERTED_MODEL)*"])
+
+
+def test_csv_report_and_topk_max(run, tmp_path):
+    path = tmp_path / "report.csv"
+    result = run("--modeldiff-checks=topk_acc_drop,prob_mse", "--modeldiff-topk-max=7", f"--modeldiff-csv={path}")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["next-token quality (* positions) | reference | candidate | change",
+                                 "top-7 accuracy * | * | * | *", f"modeldiff: CSV report written to {path}"])
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["metric"] for r in rows if r["metric"].endswith("_accuracy")] == [f"top{k}_accuracy" for k in range(1, 8)]
+    assert [(r["check"], r["status"]) for r in rows if r["check"]] == [("topk_acc_drop", "passed"), ("prob_mse", "passed")]
+
+
 def test_two_candidates_parametrize_tests_and_items(pytester, run, demo_ref, demo_cand, tmp_path):
     second = tmp_path / "copy-q8_0.gguf"
     shutil.copy(demo_cand, second)
     pytester.makepyfile("def test_t(modeldiff):\n    modeldiff.assert_kld()\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "-v", f"--ref-model={demo_ref}",
                                 f"--cand-model={demo_cand}", f"--cand-model={second}")
-    result.assert_outcomes(passed=20)
+    result.assert_outcomes(passed=2 * N + 2)
     result.stdout.fnmatch_lines(["*test_t[[]demo-q8_0[]] PASSED*", "*test_t[[]copy-q8_0[]] PASSED*",
                                  "*modeldiff[[]copy-q8_0[]]::same_top PASSED*"])
 

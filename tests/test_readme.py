@@ -50,6 +50,24 @@ def test_python_api_example_runs(capsys):
     assert "kld passed" in out and "tokens passed" in out
 
 
+def test_compare_example_runs(capsys, tmp_path, monkeypatch):
+    example = next(b for b in python_blocks() if "from pytest_modeldiff import compare" in b)
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(tmp_path)  # it writes report.csv
+    exec(compile(example.replace('"fixtures/', f'"{root}/fixtures/'), "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.startswith("True ") and "next-token quality" in out and "all checks passed" in out
+    assert (tmp_path / "report.csv").read_text().startswith("candidate,quant_type,check,metric,layer,")
+
+
+def test_every_option_the_readme_names_exists():
+    import pytest_modeldiff.plugin as plugin
+
+    source = Path(plugin.__file__).read_text()
+    named = set(re.findall(r"`(--(?:modeldiff|eval|ref|cand)-[a-z-]+)", README))
+    assert named and {o for o in named if f'"{o}"' not in source} == set()
+
+
 def test_setup_commands_name_the_demo_pair_and_the_suite():
     commands = [line.strip() for line in README.split("## Set-up")[1].split("## Usage")[0].splitlines()
                 if line.startswith("    pip install")]

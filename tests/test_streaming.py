@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pytest_modeldiff import streaming
-from pytest_modeldiff.compare import ModelDiff, Settings
+from pytest_modeldiff.engine import ModelDiff, Settings
 
 IDS = [list(range(1, 60)), list(range(100, 180, 2))]
 

@@ -5,10 +5,12 @@ Runner modules are imported only when chosen, so listing or validating options s
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
+from ..dumps import dump_in_folder, is_dump_folder, model_name
 from ..errors import ModelDiffError, ModelDiffUsageError
-from ..registry import RUNNERS
+from ..registry import MODEL_ENV, RUNNERS
 from .base import FixedSequence, Runner, VocabInfo
 
 
@@ -16,10 +18,13 @@ __all__ = ["RUNNERS", "FixedSequence", "Runner", "VocabInfo", "detect_runner", "
 
 
 def detect_runner(path: Path) -> str:
-    """hf for a folder with config.json, llamacpp for .gguf, dump for X.bin beside X-tokens.bin."""
+    """dump for X.bin or a folder of dumps (X.bin beside X-tokens.bin), llamacpp for .gguf, hf for
+    any other folder (HFRunner names a missing config.json)."""
     path = Path(path)
+    if is_dump_folder(path):
+        return "dump"
     if path.is_dir():
-        return "hf"  # HFRunner names a missing config.json
+        return "hf"
     if path.suffix == ".gguf":
         return "llamacpp"
     if path.suffix == ".bin":
@@ -29,12 +34,17 @@ def detect_runner(path: Path) -> str:
         f"(or name the runtime with --ref-runner/--cand-runner: {', '.join(RUNNERS)})")
 
 
-def make_runner(path: Path, runner: str | None = None, device: str = "cpu", threads: int | None = None) -> Runner:
-    """Validate ``path`` and build its runner (auto-detected unless ``runner`` names one)."""
+def make_runner(path: Path, runner: str | None = None, device: str = "cpu", threads: int | None = None,
+                role: str = "candidate") -> Runner:
+    """Validate ``path`` and build its runner (auto-detected unless ``runner`` names one).
+    ``role`` ("reference" or "candidate") picks the side's dump out of a dump folder."""
     if not Path(path).exists():
         raise ModelDiffError(f"{path}: no such file or directory")
     kind = runner or detect_runner(path)
     if kind not in RUNNERS:
         raise ModelDiffUsageError(f"unknown runner {kind!r}; choose from {', '.join(RUNNERS)}")
+    if kind == "dump" and Path(path).is_dir():
+        named = os.environ.get(MODEL_ENV[role])
+        path = dump_in_folder(Path(path), role, model_name(named) if named else None)
     module, cls = RUNNERS[kind].split(":")
     return getattr(importlib.import_module(module), cls)(Path(path), device=device, threads=threads)

@@ -114,5 +114,9 @@ class Runner(ABC):
         """Library versions that produced the logits."""
         return {}
 
+    def declared_transformers_version(self) -> str | None:
+        """The transformers version named by the model's HF config.json (the one that wrote it)."""
+        return None
+
     def close(self) -> None:
         """Release the weights; tokenize, piece, vocab and hparams keep working."""

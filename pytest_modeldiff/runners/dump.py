@@ -2,6 +2,8 @@
 data/llamacpp-*.bin with their -tokens.bin) or our own all-positions dumps."""
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -10,6 +12,7 @@ import numpy as np
 
 from ..dumps import companion, read_dump
 from ..errors import ModelDiffError
+from ..registry import MODEL_ENV
 from .base import FixedSequence, Runner
 
 # quant labels as they appear in GGUF file names: model-q4_k_m, model-Q8_0, model-bf16 ...
@@ -28,8 +31,6 @@ class DumpRunner(Runner):
         self._meta_quant = None
         meta = companion(self.path, ".json")
         if meta.is_file():
-            import json
-
             self._meta_quant = json.loads(meta.read_text()).get("quant_type")
 
     @property
@@ -62,6 +63,14 @@ class DumpRunner(Runner):
         raise ModelDiffError(
             f"{self.path}: was recorded on other tokens than the {len(ids)} asked for; "
             "logit metrics need both sides to see the same ids (see the tokens check)")
+
+    def declared_transformers_version(self) -> str | None:
+        """As llama.cpp's compare scripts do: the original model's folder is $MODEL_PATH."""
+        folder = os.environ.get(MODEL_ENV["reference"])
+        try:
+            return json.loads((Path(folder) / "config.json").read_text()).get("transformers_version") if folder else None
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def tokenize(self, text: str) -> list[int] | None:
         return next((s.ids for s in self.sequences if s.text == text), None)

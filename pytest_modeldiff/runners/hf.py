@@ -131,6 +131,9 @@ class HFRunner(TorchCausalLM):
         except (OSError, ValueError) as exc:
             raise ModelDiffError(f"{self.path / 'config.json'}: unreadable ({exc})") from None
 
+    def declared_transformers_version(self) -> str | None:
+        return self.config.get("transformers_version")
+
     def load_tokenizer(self) -> None:
         if self.tokenizer is None:
             from transformers import AutoTokenizer

@@ -1,8 +1,8 @@
 """Engine details: the shared reference store (memory or spill file) and the timings."""
 import numpy as np
 
-from pytest_modeldiff import compare
-from pytest_modeldiff.compare import ModelDiff
+from pytest_modeldiff import engine
+from pytest_modeldiff.engine import ModelDiff
 
 
 def run(ref, cand):
@@ -17,7 +17,7 @@ def run(ref, cand):
 def test_reference_spilled_to_disk_gives_the_same_numbers(demo_ref, demo_cand, monkeypatch):
     in_memory, timings, was_spilled = run(demo_ref, demo_cand)
     assert not was_spilled
-    monkeypatch.setattr(compare._Rows, "MEMORY_LIMIT", 1)
+    monkeypatch.setattr(engine._Rows, "MEMORY_LIMIT", 1)
     spilled, _, was_spilled = run(demo_ref, demo_cand)
     assert was_spilled
     np.testing.assert_array_equal(in_memory.kld, spilled.kld)

@@ -20,11 +20,12 @@ import numpy as np
 
 from . import dumps, evaldata, layers, metrics
 from .errors import ModelDiffError, ModelDiffUsageError
+from .quality import Quality, measure_quality
 from .registry import quant_class
 from .runners import Runner, make_runner
 from .thresholds import Thresholds
 
-TOPK_KEPT = 20  # top ids kept per position: enough for any top-k overlap/agreement with k <= 20
+TOPK_KEPT = 20  # top ids kept per position (at least): any top-k overlap/agreement with k <= 20
 
 
 @dataclass
@@ -44,12 +45,13 @@ class Settings:
     keep_layers: int = 0  # the candidate takes the reference's state after its first K layers
     stream_layers: bool = False  # per-layer comparison one layer at a time from the weight files
     checkpoint_dir: Path | None = None  # where streaming saves its progress (default: a cache dir)
+    topk_max: int = 5  # top-K accuracy and agreement for K = 1..topk_max (exllamav2's --topk_max)
 
     def __post_init__(self):
-        for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1), ("keep_layers", 0)):
+        for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1), ("keep_layers", 0), ("topk_max", 1)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < low):
-                option = f"--modeldiff-{name.replace('_', '-')}" if name == "keep_layers" else f"--{name.replace('_', '-')}"
+                option = f"--{'' if name.startswith('eval_') else 'modeldiff-'}{name.replace('_', '-')}"
                 raise ModelDiffUsageError(f"{option} must be an integer >= {low}, got {value!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ModelDiffUsageError(f"--modeldiff-device: {self.device!r} is not cpu or cuda")
@@ -81,7 +83,13 @@ class PositionStats:
     pos: np.ndarray  # position in the sequence (predicting token pos + 1)
     is_last: np.ndarray
     finite: np.ndarray  # candidate logits all finite
+    target: np.ndarray  # the next token's id (the token fed at pos + 1), -1 at a sequence's end
+    ref_rank: np.ndarray  # logits above the target's (metrics.target_rank); -1 without a target
+    cand_rank: np.ndarray  # (n_vocab for NaN/Inf candidate rows: never a hit)
+    ref_nll: np.ndarray  # -log p(target), NaN without a target
+    cand_nll: np.ndarray
     kld: np.ndarray
+    prob_mse: np.ndarray  # mean over the vocabulary of (p - q)^2
     max_abs: np.ndarray
     max_abs_id: np.ndarray  # vocabulary id of the largest difference
     sse: np.ndarray
@@ -93,13 +101,18 @@ class PositionStats:
     ROWS_PER_CHUNK = 16  # ~6 MB of float64 per side: the passes below then run in cache (3x faster)
 
     @classmethod
-    def measure(cls, seq: int, positions: np.ndarray, n_tokens: int, ref: np.ndarray, cand: np.ndarray):
+    def measure(cls, seq: int, ids: Sequence[int], positions: np.ndarray, ref: np.ndarray, cand: np.ndarray,
+                keep_top: int = TOPK_KEPT):
+        """Rows ``ref[j]``, ``cand[j]`` are the logits at ``positions[j]`` of the sequence ``ids``."""
         step = cls.ROWS_PER_CHUNK
-        return cls.concat([cls._measure_rows(seq, positions[i:i + step], n_tokens, ref[i:i + step], cand[i:i + step])
+        ids = np.asarray(ids, dtype=np.int64)
+        targets = np.append(ids[1:], -1)[positions]  # what each position predicts; none after the last
+        return cls.concat([cls._measure_rows(seq, positions[i:i + step], targets[i:i + step], len(ids),
+                                             ref[i:i + step], cand[i:i + step], keep_top)
                            for i in range(0, len(positions), step)])
 
     @classmethod
-    def _measure_rows(cls, seq, positions, n_tokens, ref, cand):
+    def _measure_rows(cls, seq, positions, targets, n_tokens, ref, cand, keep_top):
         import torch
 
         r = torch.tensor(ref, dtype=torch.float64)  # one float64 copy each, shared below
@@ -107,16 +120,37 @@ class PositionStats:
         sse, ref_sum, ref_sumsq = metrics.logit_moments(r, c)
         finite = np.isfinite(sse)  # the reference is checked finite, so this flags NaN/Inf candidate rows
         max_abs, max_abs_id = metrics.max_abs_diff(r, c)
+        log_p, log_q = torch.log_softmax(r, -1), torch.log_softmax(c, -1)
+        has = targets >= 0
+        ref_rank, cand_rank = np.full(len(targets), -1), np.full(len(targets), -1)
+        ref_nll, cand_nll = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
+        if has.any():
+            t = targets[has]
+            ref_rank[has], cand_rank[has] = metrics.target_rank(r[has], t), metrics.target_rank(c[has], t)
+            ref_nll[has] = metrics.nll_from_log_probs(log_p[has], t)
+            cand_nll[has] = metrics.nll_from_log_probs(log_q[has], t)
+            cand_rank[has & ~finite] = r.shape[-1]
+            cand_nll[has & ~finite] = np.nan
         return cls(
             seq=np.full(len(positions), seq), pos=positions, is_last=positions == n_tokens - 1,
-            finite=finite, kld=np.where(finite, metrics.kl_divergence(r, c), np.nan),
+            finite=finite, target=targets, ref_rank=ref_rank, cand_rank=cand_rank, ref_nll=ref_nll, cand_nll=cand_nll,
+            kld=np.where(finite, metrics.kl_from_log_probs(log_p, log_q), np.nan),
+            prob_mse=np.where(finite, metrics.prob_mse_from_log_probs(log_p, log_q), np.nan),
             max_abs=np.where(finite, max_abs, np.nan), max_abs_id=max_abs_id,
             sse=sse, ref_sum=ref_sum, ref_sumsq=ref_sumsq,
-            ref_top=metrics.top_k_ids(r, TOPK_KEPT), cand_top=metrics.top_k_ids(c, TOPK_KEPT))
+            ref_top=metrics.top_k_ids(r, keep_top), cand_top=metrics.top_k_ids(c, keep_top))
 
     @classmethod
     def concat(cls, parts: list["PositionStats"]) -> "PositionStats":
         return cls(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__})
+
+    def overlap(self, k: int) -> np.ndarray:
+        """|topk(ref) & topk(cand)| / k per position, from the kept top ids."""
+        return metrics.overlap_of_ids(self.ref_top[:, :k], self.cand_top[:, :k])
+
+    def agreement(self, k: int) -> np.ndarray:
+        """1.0 per position where the first k ids agree in order (k = 1: same top-1)."""
+        return metrics.agreement_of_ids(self.ref_top[:, :k], self.cand_top[:, :k])
 
     def select(self, mask: np.ndarray) -> "PositionStats":
         return PositionStats(**{f: getattr(self, f)[mask] for f in self.__dataclass_fields__})
@@ -142,10 +176,20 @@ class Comparison:
     layers_error: str | None = None  # why the per-layer comparison failed
     layers_skipped: str | None = None  # why it does not apply (a side gives no hidden states)
     timings: dict[str, float] = field(default_factory=dict)
+    topk_max: int = Settings.topk_max
 
     @property
     def name(self) -> str:
         return self.candidate.name
+
+    @property
+    def quality(self) -> Quality | None:
+        """Perplexity, top-K accuracy and agreement, probability MSE (None without logit metrics)."""
+        if self.stats is None:
+            return None
+        if getattr(self, "_quality", None) is None:
+            self._quality = measure_quality(self.stats, self.topk_max)
+        return self._quality
 
     def context(self, seq: int, pos: int, width: int = 6) -> str:
         """The last few input tokens up to ``pos`` of sequence ``seq``, decoded."""
@@ -162,10 +206,10 @@ class ModelDiff:
         self.thresholds = thresholds or Thresholds()
         self.progress = progress or (lambda message: None)
         s = self.settings
-        self.reference = make_runner(Path(ref), s.ref_runner, s.device, s.threads)
+        self.reference = make_runner(Path(ref), s.ref_runner, s.device, s.threads, role="reference")
         self.candidates: dict[str, Runner] = {}
         for path in candidates:
-            runner = make_runner(Path(path), s.cand_runner, s.device, s.threads)
+            runner = make_runner(Path(path), s.cand_runner, s.device, s.threads, role="candidate")
             key, n = runner.name, 2
             while key in self.candidates:  # two files with one stem: keep both, distinguishable
                 key, n = f"{runner.name}-{n}", n + 1
@@ -255,11 +299,12 @@ class ModelDiff:
         t0 = time.perf_counter()
         if run_models:
             cand.load(max(len(seq.ids) for seq in eval_input.sequences))
-        else:
+        else:  # the tokens check still needs both tokenizers (dumps fix the ids: the reference's may not be loaded)
+            self.reference.load_tokenizer()
             cand.load_tokenizer()
         cand_load = time.perf_counter() - t0
         qtype = cand.quant_type()
-        cmp = Comparison(self.reference, cand, qtype, quant_class(qtype), eval_input)
+        cmp = Comparison(self.reference, cand, qtype, quant_class(qtype), eval_input, topk_max=self.settings.topk_max)
         cmp.token_diffs = [
             TokenDiff(label, text, ref_ids, cand_ids)
             for label, text in eval_input.texts
@@ -306,7 +351,8 @@ class ModelDiff:
                         f"position, {self.reference.path} gives {ref_rows.shape[-1]}")
                 n = min(len(cand_rows), len(ref_rows))  # a last-position dump holds one row
                 positions = np.arange(len(seq.ids) - n, len(seq.ids))
-                parts.append(PositionStats.measure(i, positions, len(seq.ids), ref_rows[-n:], cand_rows[-n:]))
+                parts.append(PositionStats.measure(i, seq.ids, positions, ref_rows[-n:], cand_rows[-n:],
+                                                   max(TOPK_KEPT, self.settings.topk_max)))
                 if hidden and cmp.layers_error is None:
                     acc = self._add_layers(cmp, acc, ref_hidden, fwd)
                 if writer:

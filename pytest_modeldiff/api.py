@@ -1,0 +1,121 @@
+"""The comparison as one Python call, without pytest: the same engine, checks and result objects
+that the plugin reports, for notebooks and other harnesses.
+
+    from pytest_modeldiff import compare
+    report = compare("hf_model", ["model-q8_0.gguf"], checks=["kld", "tokens"], eval_length=128)
+    report.passed                          # every selected check passed for every candidate
+    report["model-q8_0"].result("kld")     # a CheckResult: status, value, threshold, rows, details
+    report["model-q8_0"].comparison        # per-position numbers, quality, per-layer stats
+    print(report)                          # the terminal summary and failure messages
+    report.write_json("report.json"); report.write_csv("report.csv")
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+from .checks import FAILED, CheckResult, run_check
+from .engine import Comparison, ModelDiff, Settings
+from .errors import ModelDiffError, ModelDiffUsageError
+from .registry import CHECKS, LOGIT_CHECKS
+from .thresholds import Thresholds
+
+
+@dataclass
+class CandidateReport:
+    name: str
+    comparison: Comparison | None
+    results: list[CheckResult] = field(default_factory=list)
+    error: str | None = None  # why the candidate could not be compared (bad input)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(r.ok for r in self.results)
+
+    def result(self, check: str) -> CheckResult:
+        return next(r for r in self.results if r.name == check)
+
+    def __str__(self) -> str:
+        from .report import failure_message, summary
+
+        if self.error:
+            return f"{self.name}: not compared: {self.error}"
+        return "\n\n".join(["\n".join(summary(self.comparison, self.results)),
+                            *(failure_message(r, self.comparison) for r in self.results if r.status == FAILED)])
+
+
+@dataclass
+class Report:
+    candidates: dict[str, CandidateReport]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.candidates.values())
+
+    def __getitem__(self, name: str) -> CandidateReport:
+        return self.candidates[name]
+
+    def __iter__(self) -> Iterator[CandidateReport]:
+        return iter(self.candidates.values())
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(c) for c in self)
+
+    def to_json(self) -> dict:
+        from .report import to_json
+
+        return to_json({c.name: (c.comparison, c.results) for c in self if c.error is None},
+                       {c.name: c.error for c in self if c.error is not None})
+
+    def write_json(self, path: str | Path) -> None:
+        from .report import write_json
+
+        write_json(Path(path), self.to_json())
+
+    def write_csv(self, path: str | Path) -> None:
+        from .report import write_csv
+
+        write_csv(Path(path), self.to_json())
+
+
+def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path], *,
+            checks: Sequence[str] | None = None, thresholds: Mapping[str, object] | Thresholds | None = None,
+            progress: Callable[[str], None] | None = None, **settings) -> Report:
+    """Compare each candidate with the reference and run the built-in ``checks`` (default: all).
+
+    ``thresholds`` take the marker's form ({"kld": 0.01, "rfn": {"0-3": 0.02}}) and override the
+    defaults for the candidate's quant class (or pass a ``Thresholds`` with CLI/ini entries); ``settings`` are ``Settings`` fields (eval_text,
+    eval_length, device, topk_max, ...). Bad options raise ModelDiffUsageError; a candidate that
+    cannot be compared (missing or broken file) is reported with its error, the others still run.
+    """
+    if isinstance(candidates, (str, Path)):
+        candidates = [candidates]
+    names = list(CHECKS) if checks is None else list(checks)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ModelDiffUsageError(f"compare(checks=...): unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+    unknown = [k for k in settings if k not in Settings.__dataclass_fields__]
+    if unknown:
+        raise ModelDiffUsageError(f"compare(): unknown setting(s) {', '.join(unknown)}; "
+                                  f"known: {', '.join(Settings.__dataclass_fields__)}")
+    settings.setdefault("logits", bool(set(names) & set(LOGIT_CHECKS)))
+    settings.setdefault("layers", "layers" in names)
+    if not isinstance(thresholds, Thresholds):
+        thresholds = Thresholds(given=thresholds)
+    engine = ModelDiff(reference, candidates, Settings(**settings), thresholds, progress)
+    try:
+        out = {}
+        for key in engine.candidates:
+            try:
+                cmp = engine.compare(key)
+            except ModelDiffError as exc:
+                if isinstance(exc, ModelDiffUsageError):
+                    raise
+                out[key] = CandidateReport(key, None, error=str(exc))
+                continue
+            limits = engine.thresholds.resolve(cmp.quant_class)
+            out[key] = CandidateReport(key, cmp, [run_check(name, cmp, limits) for name in names])
+        return Report(out)
+    finally:
+        engine.close()  # models and the reference spill file, also on Ctrl-C

@@ -1,0 +1,45 @@
+"""compare(): the comparison without pytest, returning the plugin's result objects."""
+import pytest
+
+from pytest_modeldiff import compare
+from pytest_modeldiff.checks import FAILED, PASSED, CheckResult
+from pytest_modeldiff.errors import ModelDiffError, ModelDiffUsageError
+from pytest_modeldiff.registry import CHECKS
+
+
+def test_compare_returns_check_results_and_the_comparison(demo_ref, demo_cand):
+    report = compare(demo_ref, demo_cand, eval_length=64)
+    cand = report["demo-q8_0"]
+    assert report.passed and cand.passed and [r.name for r in cand.results] == list(CHECKS)
+    assert all(isinstance(r, CheckResult) and r.status == PASSED for r in cand.results)
+    q = cand.comparison.quality
+    assert q.positions > 0 and q.ref_ppl > 1 and len(q.ref_accuracy) == 5
+    assert "next-token quality" in str(report) and "all checks passed" in str(report)
+
+
+def test_thresholds_and_settings_reach_the_checks(demo_ref, demo_cand):
+    report = compare(demo_ref, [demo_cand], checks=["kld", "topk_acc_drop"], thresholds={"kld": 1e-12},
+                     topk_max=3, eval_length=32)
+    cand = report["demo-q8_0"]
+    kld = cand.result("kld")
+    assert not report.passed and kld.status == FAILED
+    assert (kld.threshold.value, kld.threshold.source) == (1e-12, "compare(thresholds=...)")
+    assert cand.result("topk_acc_drop").threshold.source == "default (q8)"
+    assert len(cand.comparison.quality.agreement) == 3
+    assert cand.comparison.layers is None, "no layers check selected: hidden states are not captured"
+    assert "modeldiff kld FAILED" in str(report)
+
+
+def test_bad_options_and_files_raise_one_line_errors(demo_ref, demo_cand, tmp_path):
+    with pytest.raises(ModelDiffUsageError, match="unknown check.*kdl"):
+        compare(demo_ref, demo_cand, checks=["kdl"])
+    with pytest.raises(ModelDiffUsageError, match="unknown setting.*eval_lenght"):
+        compare(demo_ref, demo_cand, eval_lenght=3)
+    with pytest.raises(ModelDiffUsageError, match="unknown threshold key 'kdl' in compare"):
+        compare(demo_ref, demo_cand, thresholds={"kdl": 1})
+    with pytest.raises(ModelDiffError, match="missing.gguf: no such file"):
+        compare(demo_ref, tmp_path / "missing.gguf")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(demo_cand.read_bytes()[:100_000])
+    with pytest.raises(ModelDiffError, match="broken.gguf: truncated or corrupt GGUF"):
+        compare(demo_ref, [demo_cand, broken], checks=["kld"])
