@@ -115,18 +115,19 @@ class PositionStats:
     def _measure_rows(cls, seq, positions, targets, n_tokens, ref, cand, keep_top):
         import torch
 
-        r = torch.tensor(ref, dtype=torch.float64)  # one float64 copy each, shared below
-        c = torch.tensor(cand, dtype=torch.float64)
+        r32, c32 = metrics._2d(ref, torch.float32), metrics._2d(cand, torch.float32)  # ranks and top ids
+        r, c = r32.double(), c32.double()  # one float64 copy each, shared below
         sse, ref_sum, ref_sumsq = metrics.logit_moments(r, c)
         finite = np.isfinite(sse)  # the reference is checked finite, so this flags NaN/Inf candidate rows
         max_abs, max_abs_id = metrics.max_abs_diff(r, c)
         log_p, log_q = torch.log_softmax(r, -1), torch.log_softmax(c, -1)
+        kld, prob_mse = metrics.kl_and_prob_mse(log_p, log_q)
         has = targets >= 0
         ref_rank, cand_rank = np.full(len(targets), -1), np.full(len(targets), -1)
         ref_nll, cand_nll = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
         if has.any():
             t = targets[has]
-            ref_rank[has], cand_rank[has] = metrics.target_rank(r[has], t), metrics.target_rank(c[has], t)
+            ref_rank[has], cand_rank[has] = metrics.target_rank(r32[has], t), metrics.target_rank(c32[has], t)
             ref_nll[has] = metrics.nll_from_log_probs(log_p[has], t)
             cand_nll[has] = metrics.nll_from_log_probs(log_q[has], t)
             cand_rank[has & ~finite] = r.shape[-1]
@@ -134,11 +135,10 @@ class PositionStats:
         return cls(
             seq=np.full(len(positions), seq), pos=positions, is_last=positions == n_tokens - 1,
             finite=finite, target=targets, ref_rank=ref_rank, cand_rank=cand_rank, ref_nll=ref_nll, cand_nll=cand_nll,
-            kld=np.where(finite, metrics.kl_from_log_probs(log_p, log_q), np.nan),
-            prob_mse=np.where(finite, metrics.prob_mse_from_log_probs(log_p, log_q), np.nan),
+            kld=np.where(finite, kld, np.nan), prob_mse=np.where(finite, prob_mse, np.nan),
             max_abs=np.where(finite, max_abs, np.nan), max_abs_id=max_abs_id,
             sse=sse, ref_sum=ref_sum, ref_sumsq=ref_sumsq,
-            ref_top=metrics.top_k_ids(r, keep_top), cand_top=metrics.top_k_ids(c, keep_top))
+            ref_top=metrics.top_k_ids(r32, keep_top), cand_top=metrics.top_k_ids(c32, keep_top))
 
     @classmethod
     def concat(cls, parts: list["PositionStats"]) -> "PositionStats":
@@ -251,8 +251,8 @@ class ModelDiff:
         vocab = ref.vocab()
         bos_id = vocab.special.get("bos") if vocab and vocab.add_bos else None
         if s.eval_dataset:
-            text = evaldata.read_parquet_text(s.eval_dataset, s.eval_column, 40 * s.eval_rows * s.eval_length)
-            return evaldata.chunked_input(text, ref.tokenize, s.eval_rows, s.eval_length, bos_id, s.eval_dataset.name)
+            rows = evaldata.read_parquet_rows(s.eval_dataset, s.eval_column, 40 * s.eval_rows * s.eval_length)
+            return evaldata.dataset_input(rows, ref.tokenize, s.eval_rows, s.eval_length, bos_id, s.eval_dataset.name)
         if s.eval_text:
             text = evaldata.read_text_file(s.eval_text)
             return evaldata.chunked_input(text, ref.tokenize, s.eval_rows, s.eval_length, bos_id, s.eval_text.name)

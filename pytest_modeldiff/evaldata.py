@@ -71,8 +71,8 @@ def read_text_file(path: Path) -> str:
     return text
 
 
-def read_parquet_text(path: Path, column: str, max_chars: int) -> str:
-    """Rows of ``column`` joined by blank lines, read until ``max_chars`` characters are collected."""
+def read_parquet_rows(path: Path, column: str, max_chars: int) -> list[str]:
+    """The non-empty values of ``column``, read until ``max_chars`` characters are collected."""
     import pyarrow.parquet as pq
 
     try:
@@ -84,17 +84,37 @@ def read_parquet_text(path: Path, column: str, max_chars: int) -> str:
     if column not in parquet.schema_arrow.names:
         raise ModelDiffError(f"{path}: no column {column!r}; columns are {parquet.schema_arrow.names} "
                              "(choose one with --eval-column)")
-    parts, size = [], 0
+    rows, size = [], 0
     for batch in parquet.iter_batches(columns=[column], batch_size=256):
         for value in batch.column(0).to_pylist():
             if value:
-                parts.append(str(value))
-                size += len(parts[-1])
+                rows.append(str(value))
+                size += len(rows[-1])
         if size >= max_chars:
             break
-    if not parts:
+    if not rows:
         raise ModelDiffError(f"{path}: column {column!r} holds no text")
-    return "\n\n".join(parts)
+    return rows
+
+
+def dataset_input(texts: list[str], tokenize: Callable[[str], list[int]], rows: int, length: int,
+                  bos_id: int | None, label: str) -> EvalInput:
+    """exllamav2's evaluation layout (conversion/tokenize.py get_tokens): each dataset row is
+    tokenized on its own without special tokens, the ids are concatenated, and the first
+    rows x length ids are cut into ``rows`` sequences of ``length``; no BOS is inserted."""
+    ids: list[int] = []
+    used = 0
+    for text in texts:
+        row = tokenize(text)
+        ids += row[1:] if bos_id is not None and row[:1] == [bos_id] else row
+        used += 1
+        if len(ids) >= rows * length:
+            break
+    sequences = [EvalSequence(ids[r * length:(r + 1) * length], None, f"{label} row {r}") for r in range(rows)
+                 if len(ids[r * length:(r + 1) * length]) >= 2]
+    if not sequences:
+        raise ModelDiffError(f"{label}: too little text for one sequence of {length} tokens")
+    return EvalInput([(label, "\n\n".join(texts[:used])[: 40 * rows * length])], sequences)
 
 
 def chunked_input(text: str, tokenize: Callable[[str], list[int]], rows: int, length: int,

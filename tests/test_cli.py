@@ -1,5 +1,6 @@
 """`python -m pytest_modeldiff`: the engine without pytest, same tables, exit codes 0/1/2."""
 import json
+import os
 import subprocess
 import sys
 
@@ -26,3 +27,14 @@ def test_cli_bad_input_exits_2_with_one_line(demo_ref, tmp_path):
 def test_cli_validates_settings(demo_ref, demo_cand):
     result = run("--ref-model", demo_ref, "--cand-model", demo_cand, "--eval-length", "0")
     assert result.returncode == 2 and result.stderr.strip() == "error: --eval-length must be an integer >= 2, got 0"
+
+
+def test_cli_takes_the_llama_cpp_variables_and_writes_csv(demo_ref, demo_cand, tmp_path):
+    env = {**os.environ, "MODEL_PATH": str(demo_ref), "CONVERTED_MODEL": str(demo_cand)}
+    result = subprocess.run([sys.executable, "-m", "pytest_modeldiff", "--checks", "kld,topk_acc_drop", "--topk-max", "2",
+                             "--csv", str(tmp_path / "r.csv")], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed" in result.stdout
+    metrics = [line.split(",")[3] for line in (tmp_path / "r.csv").read_text().splitlines()[1:]]
+    assert metrics == ["kld", "topk_acc_drop", "perplexity", "top1_accuracy", "top2_accuracy", "top1_agreement",
+                       "top2_agreement", "prob_mse"]

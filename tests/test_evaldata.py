@@ -36,12 +36,27 @@ def test_chunking_rows_length_and_bos():
 def test_parquet_reading_and_errors(tmp_path):
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"content": ["first row", None, "second row"], "n": [1, 2, 3]}), path)
-    assert evaldata.read_parquet_text(path, "content", 10_000) == "first row\n\nsecond row"
+    assert evaldata.read_parquet_rows(path, "content", 10_000) == ["first row", "second row"]
     with pytest.raises(ModelDiffError, match=r"d.parquet: no column 'text'; columns are \['content', 'n'\]"):
-        evaldata.read_parquet_text(path, "text", 100)
+        evaldata.read_parquet_rows(path, "text", 100)
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(ModelDiffError, match="bad.parquet: not a readable parquet file"):
-        evaldata.read_parquet_text(tmp_path / "bad.parquet", "text", 100)
+        evaldata.read_parquet_rows(tmp_path / "bad.parquet", "text", 100)
+
+
+def test_dataset_layout_is_exllamav2s_get_tokens():
+    """Rows tokenized one by one without special tokens, concatenated, the first rows x length ids
+    cut into rows; exllamav2 inserts no BOS (our tokenizer's leading BOS is dropped)."""
+    rows = ["abc", "defgh", "ij", "klmnopq"]
+    with_bos = lambda text: [999] + fake_tokenize(text)  # noqa: E731 - a tokenizer that adds BOS
+    inp = evaldata.dataset_input(rows, with_bos, rows=2, length=4, bos_id=999, label="d")
+    stream = fake_tokenize("abcdefghij")
+    assert [s.ids for s in inp.sequences] == [stream[:4], stream[4:8]]
+    assert inp.texts == [("d", "abc\n\ndefgh")], "rows used, for the tokens check"
+    short = evaldata.dataset_input(rows, fake_tokenize, rows=3, length=8, bos_id=None, label="d")
+    assert [len(s.ids) for s in short.sequences] == [8, 8], "17 ids: a third row of 1 id is dropped"
+    with pytest.raises(ModelDiffError, match="d: too little text"):
+        evaldata.dataset_input(["a"], fake_tokenize, rows=1, length=4, bos_id=None, label="d")
 
 
 def test_text_file_errors(tmp_path):

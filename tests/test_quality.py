@@ -1,6 +1,7 @@
 """Next-token quality (perplexity, top-K accuracy and agreement, probability MSE) from the
 per-position numbers, against a hand-computed example with ties and against torch."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,3 +71,39 @@ def test_nan_candidate_rows_never_count_as_hits():
     assert s.cand_rank[0] == 4 and np.isnan(s.cand_nll[0])
     q = measure_quality(s, topk_max=4)
     assert q.cand_accuracy[3] == pytest.approx(2 / 3) and math.isnan(q.cand_ppl)
+
+
+def test_the_engine_gives_exllamav2_model_diff_numbers(demo_ref, demo_cand, tmp_path):
+    """Both models' logits from the dumps, run through exllamav2 model_diff.py's own formulas
+    (logits[:-1] against input_ids[1:], torch.topk, mse_loss per row averaged over rows)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pytest_modeldiff import compare, dumps
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    pq.write_table(pa.table({"text": text.split("\n\n")}), tmp_path / "eval.parquet")
+    report = compare(demo_ref, demo_cand, checks=["prob_mse"], eval_dataset=tmp_path / "eval.parquet",
+                     eval_rows=3, eval_length=40, topk_max=4, dump_dir=tmp_path / "data")
+    q = report["demo-q8_0"].comparison.quality
+    a, seqs, _, _ = dumps.read_dump(tmp_path / "data" / "pytorch-hf-all.bin")
+    b, _, _, _ = dumps.read_dump(tmp_path / "data" / "llamacpp-demo-q8_0-all.bin")
+    assert [len(s) for s in seqs] == [40, 40, 40]
+    ids = torch.tensor(seqs)
+    x = (torch.tensor(np.array(a)).view(3, 40, -1), torch.tensor(np.array(b)).view(3, 40, -1))
+    targets = ids[:, 1:].reshape(-1, 1)
+    ppl, acc = [], []
+    for logits in x:
+        log_probs = F.log_softmax(logits[:, :-1].double(), dim=-1)
+        ppl.append(math.exp(-log_probs.gather(-1, ids[:, 1:].unsqueeze(-1)).mean().item()))
+        top = torch.topk(logits[:, :-1], 4, dim=-1).indices.view(-1, 4)
+        acc.append([torch.eq(targets, top[:, :k]).any(1).float().mean().item() for k in range(1, 5)])
+    top_a = torch.topk(x[0][:, :-1], 4, dim=-1).indices.view(-1, 4)
+    top_b = torch.topk(x[1][:, :-1], 4, dim=-1).indices.view(-1, 4)
+    agreement = [torch.eq(top_a[:, :k], top_b[:, :k]).all(1).float().mean().item() for k in range(1, 5)]
+    mse = np.mean([F.mse_loss(torch.softmax(x[0][r].double(), -1), torch.softmax(x[1][r].double(), -1)).item()
+                   for r in range(3)])
+    assert (q.ref_ppl, q.cand_ppl) == pytest.approx(tuple(ppl), rel=1e-9)
+    assert (q.ref_accuracy, q.cand_accuracy) == (pytest.approx(acc[0]), pytest.approx(acc[1]))
+    assert q.agreement == pytest.approx(agreement)
+    assert q.prob_mse == pytest.approx(mse, rel=1e-9)
