@@ -85,9 +85,11 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
     """Compare each candidate with the reference and run the built-in ``checks`` (default: all).
 
     ``thresholds`` take the marker's form ({"kld": 0.01, "rfn": {"0-3": 0.02}}) and override the
-    defaults for the candidate's quant class (or pass a ``Thresholds`` with CLI/ini entries); ``settings`` are ``Settings`` fields (eval_text,
-    eval_length, device, topk_max, ...). Bad options raise ModelDiffUsageError; a candidate that
-    cannot be compared (missing or broken file) is reported with its error, the others still run.
+    defaults for the candidate's quant class (a ``Thresholds`` with CLI/ini entries also works);
+    ``settings`` are ``Settings`` fields (eval_text, eval_length, device, topk_max, ...).
+    Bad options raise ModelDiffUsageError, a missing or unreadable file ModelDiffError naming it;
+    a candidate whose comparison fails later (its runtime cannot load it) is reported with its
+    error and the others still run.
     """
     if isinstance(candidates, (str, Path)):
         candidates = [candidates]

@@ -43,3 +43,16 @@ def test_bad_options_and_files_raise_one_line_errors(demo_ref, demo_cand, tmp_pa
     broken.write_bytes(demo_cand.read_bytes()[:100_000])
     with pytest.raises(ModelDiffError, match="broken.gguf: truncated or corrupt GGUF"):
         compare(demo_ref, [demo_cand, broken], checks=["kld"])
+
+
+def test_assertion_helpers_for_probability_mse_and_top_k_accuracy(demo_ref, demo_cand):
+    from pytest_modeldiff.assertions import ModelDiffAssertions
+    from pytest_modeldiff.thresholds import Thresholds
+
+    cmp = compare(demo_ref, demo_cand, checks=["prob_mse"], eval_length=32)["demo-q8_0"].comparison
+    helpers = ModelDiffAssertions(cmp, Thresholds().resolve(cmp.quant_class))
+    assert helpers.assert_prob_mse().status == PASSED and helpers.assert_topk_accuracy().status == PASSED
+    with pytest.raises(AssertionError, match=r"modeldiff prob_mse FAILED(.|\n)*threshold 1e-15 from argument"):
+        helpers.assert_prob_mse(max=1e-15)
+    # the random demo model predicts the same few next tokens with both weights: no drop at all
+    assert helpers.assert_topk_accuracy(max_drop=0.0).value == 0.0

@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from ..dumps import model_name
+
 
 def model_files(path: Path) -> list[Path]:
     """A model folder's files, or the model file itself."""
@@ -61,8 +63,7 @@ class Runner(ABC):
     @property
     def name(self) -> str:
         """llama.cpp's naming: the path's base name with a trailing .gguf removed."""
-        name = self.path.name or self.path.resolve().name
-        return name[:-5] if name.endswith(".gguf") else name
+        return model_name(str(self.path.absolute()))  # absolute: "." names the folder; symlinks keep their name
 
     def files(self) -> list[Path]:
         """The files that define the model (hashed into the dump metadata)."""
