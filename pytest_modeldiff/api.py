@@ -111,9 +111,9 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
         for key in engine.candidates:
             try:
                 cmp = engine.compare(key)
+            except ModelDiffUsageError:
+                raise
             except ModelDiffError as exc:
-                if isinstance(exc, ModelDiffUsageError):
-                    raise
                 out[key] = CandidateReport(key, None, error=str(exc))
                 continue
             limits = engine.thresholds.resolve(cmp.quant_class)

@@ -13,6 +13,7 @@ import platform
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -182,14 +183,10 @@ class Comparison:
     def name(self) -> str:
         return self.candidate.name
 
-    @property
+    @cached_property  # asked for once the comparison is complete
     def quality(self) -> Quality | None:
         """Perplexity, top-K accuracy and agreement, probability MSE (None without logit metrics)."""
-        if self.stats is None:
-            return None
-        if getattr(self, "_quality", None) is None:
-            self._quality = measure_quality(self.stats, self.topk_max)
-        return self._quality
+        return None if self.stats is None else measure_quality(self.stats, self.topk_max)
 
     def context(self, seq: int, pos: int, width: int = 6) -> str:
         """The last few input tokens up to ``pos`` of sequence ``seq``, decoded."""

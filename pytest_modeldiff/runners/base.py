@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from ..dumps import model_name
+from ..errors import ModelDiffError
 
 
 def model_files(path: Path) -> list[Path]:
@@ -88,6 +89,12 @@ class Runner(ABC):
         output on the reference's input (``isolated``) and continue from the reference's state
         after the first ``keep`` layers (exllamav2's layer swap)."""
         return Forward(self.logits(ids))
+
+    def check_ids(self, ids: Sequence[int], n_vocab: int) -> None:
+        """Token ids outside the model's vocabulary are bad input, not a runtime crash."""
+        if not ids or min(ids) < 0 or max(ids) >= n_vocab:
+            raise ModelDiffError(f"{self.path}: token ids must be 0..{n_vocab - 1} (got {len(ids)} ids, "
+                                 f"range {min(ids, default=None)}..{max(ids, default=None)})")
 
     def load_tokenizer(self) -> None:
         """Make tokenize/piece/vocab usable; runners that can do so without the weights override."""

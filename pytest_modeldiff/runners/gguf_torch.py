@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelDiffError
 from ..gguf_file import open_gguf
 from .base import VocabInfo
 from .hf import TorchCausalLM
@@ -21,31 +20,8 @@ class GGUFTorchRunner(TorchCausalLM):
         super().__init__(path, device, threads)
         self.gguf = open_gguf(self.path)
 
-    def load_tokenizer(self) -> None:
-        if self.tokenizer is None:
-            from transformers import AutoTokenizer
-
-            try:
-                self.tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name,
-                                                               local_files_only=True)
-            except Exception as exc:
-                raise ModelDiffError(f"{self.path}: transformers could not read the GGUF's tokenizer: {exc}") from None
-
-    def load(self, max_tokens: int) -> None:
-        if self.model is not None:
-            return
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        if self.threads:
-            torch.set_num_threads(self.threads)
-        self.load_tokenizer()
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(
-                self.path.parent, gguf_file=self.path.name, dtype=torch.float32, local_files_only=True).eval()
-        except Exception as exc:
-            raise ModelDiffError(f"{self.path}: transformers could not load the GGUF: {exc}") from None
-        self.model.to(self.device)
+    def _source(self) -> tuple[Path, dict]:
+        return self.path.parent, {"gguf_file": self.path.name}  # transformers dequantizes the tensors
 
     def quant_type(self) -> str:
         return self.gguf.quant_type

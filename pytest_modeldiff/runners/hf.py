@@ -27,10 +27,7 @@ class TorchCausalLM(Runner):
                 keep: int = 0) -> Forward:
         import torch
 
-        n_embd_rows = self.model.get_input_embeddings().num_embeddings
-        if not ids or min(ids) < 0 or max(ids) >= n_embd_rows:
-            raise ModelDiffError(f"{self.path}: token ids must be 0..{n_embd_rows - 1} (got "
-                                 f"{len(ids)} ids, range {min(ids, default=None)}..{max(ids, default=None)})")
+        self.check_ids(ids, self.model.get_input_embeddings().num_embeddings)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
         if not hidden:
             with torch.inference_mode():
@@ -93,6 +90,42 @@ class TorchCausalLM(Runner):
         states = torch.stack([outputs[i] for i in range(-1, len(blocks) + 1)]).float()
         return out.logits[0].float().cpu().numpy(), states
 
+    def _source(self) -> tuple[Path, dict]:
+        """Where from_pretrained finds this model and its tokenizer: (folder, extra arguments)."""
+        return self.path, {}
+
+    def _model_arguments(self) -> dict:
+        import torch
+
+        return {"dtype": torch.float32}
+
+    def load_tokenizer(self) -> None:
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            folder, extra = self._source()
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+            except Exception as exc:
+                raise ModelDiffError(f"{self.path}: transformers could not load the tokenizer: {exc}") from None
+
+    def load(self, max_tokens: int) -> None:
+        if self.model is not None:
+            return
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.load_tokenizer()
+        (folder, extra), arguments = self._source(), self._model_arguments()
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **extra, **arguments).eval()
+        except Exception as exc:
+            raise ModelDiffError(f"{self.path}: transformers could not load the model: {exc}") from None
+        if "device_map" not in arguments:  # else transformers placed it
+            self.model.to(self.device)
+
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
 
@@ -134,35 +167,10 @@ class HFRunner(TorchCausalLM):
     def declared_transformers_version(self) -> str | None:
         return self.config.get("transformers_version")
 
-    def load_tokenizer(self) -> None:
-        if self.tokenizer is None:
-            from transformers import AutoTokenizer
-
-            try:
-                self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-            except Exception as exc:
-                raise ModelDiffError(f"{self.path}: transformers could not load the tokenizer: {exc}") from None
-
-    def load(self, max_tokens: int) -> None:
-        if self.model is not None:
-            return
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        if self.threads:
-            torch.set_num_threads(self.threads)
-        self.load_tokenizer()
-        quantized = "quantization_config" in self.config
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(
-                self.path, local_files_only=True,
-                dtype=None if quantized else torch.float32,  # quantized checkpoints keep their own
-                device_map=self.device if quantized else None,
-            ).eval()
-        except Exception as exc:
-            raise ModelDiffError(f"{self.path}: transformers could not load the model: {exc}") from None
-        if not quantized:
-            self.model.to(self.device)
+    def _model_arguments(self) -> dict:
+        if "quantization_config" in self.config:  # quantized checkpoints keep their own dtype and placement
+            return {"dtype": None, "device_map": self.device}
+        return super()._model_arguments()
 
     def quant_type(self) -> str:
         qc = self.config.get("quantization_config")

@@ -49,14 +49,8 @@ class LlamaCppRunner(Runner):
     def quant_type(self) -> str:
         return self.gguf.quant_type
 
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        n_vocab = self.llm.n_vocab()
-        if not ids or min(ids) < 0 or max(ids) >= n_vocab:
-            raise ModelDiffError(f"{self.path}: token ids must be 0..{n_vocab - 1} (got {len(ids)} ids, "
-                                 f"range {min(ids, default=None)}..{max(ids, default=None)})")
-
     def logits(self, ids: Sequence[int]) -> np.ndarray:
-        self._check_ids(ids)
+        self.check_ids(ids, self.llm.n_vocab())
         self.llm.reset()
         try:
             self.llm.eval(list(ids))
@@ -68,7 +62,7 @@ class LlamaCppRunner(Runner):
                 keep: int = 0) -> Forward:
         if not hidden:
             return Forward(self.logits(ids))
-        self._check_ids(ids)
+        self.check_ids(ids, self.llm.n_vocab())
         if self._capture is None:
             self._capture = _StateCapture(self.llm)
         try:
