@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from .registry import CHECKS, RUNNERS, parse_check_list
@@ -54,8 +55,7 @@ def main(argv=None) -> int:
         from .thresholds import Thresholds
 
         report = compare(args.ref_model, args.cand_model, checks=parse_check_list(args.checks, "--checks"),
-                         thresholds=Thresholds(args.threshold), progress=lambda message: print(f"modeldiff: {message}", file=sys.stderr),
-                         **given)
+                         thresholds=Thresholds(args.threshold), progress=_progress(), **given)
     except ModelDiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -67,6 +67,18 @@ def main(argv=None) -> int:
     if any(c.error for c in report):
         return 2
     return 0 if report.passed else 1
+
+
+def _progress(every_s: float = 1.0):
+    """Progress lines on stderr, at most one per ``every_s`` seconds."""
+    last = [-every_s]
+
+    def show(message: str) -> None:
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            print(f"modeldiff: {message}", file=sys.stderr)
+
+    return show
 
 
 if __name__ == "__main__":

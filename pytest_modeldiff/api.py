@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from .checks import FAILED, CheckResult, run_check
-from .engine import Comparison, ModelDiff, Settings
+from .engine import Comparison, ModelDiff, Pair, Settings, WeightComparison
 from .errors import ModelDiffError, ModelDiffUsageError
 from .registry import CHECKS, LOGIT_CHECKS
 from .thresholds import Thresholds
@@ -25,9 +25,14 @@ from .thresholds import Thresholds
 @dataclass
 class CandidateReport:
     name: str
-    comparison: Comparison | None
+    comparison: Comparison | None  # None when only the weights were compared, or on error
     results: list[CheckResult] = field(default_factory=list)
     error: str | None = None  # why the candidate could not be compared (bad input)
+    weights: WeightComparison | None = None  # the weights check's tensor-by-tensor diff
+
+    @property
+    def subject(self) -> Pair:
+        return self.comparison or self.weights
 
     @property
     def passed(self) -> bool:
@@ -39,10 +44,12 @@ class CandidateReport:
     def __str__(self) -> str:
         from .report import failure_message, summary
 
-        if self.error:
-            return f"{self.name}: not compared: {self.error}"
-        return "\n\n".join(["\n".join(summary(self.comparison, self.results)),
-                            *(failure_message(r, self.comparison) for r in self.results if r.status == FAILED)])
+        parts = [f"{self.name}: not compared: {self.error}"] if self.error else []
+        if self.subject is not None and self.results:
+            parts += ["\n".join(summary(self.subject, self.results)),
+                      *(failure_message(r, self.weights if r.name == "weights" else self.comparison)
+                        for r in self.results if r.status == FAILED)]
+        return "\n\n".join(parts)
 
 
 @dataclass
@@ -65,7 +72,7 @@ class Report:
     def to_json(self) -> dict:
         from .report import to_json
 
-        return to_json({c.name: (c.comparison, c.results) for c in self if c.error is None},
+        return to_json({c.name: (c.subject, c.results) for c in self if c.results},
                        {c.name: c.error for c in self if c.error is not None})
 
     def write_json(self, path: str | Path) -> None:
@@ -106,18 +113,27 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
     if not isinstance(thresholds, Thresholds):
         thresholds = Thresholds(given=thresholds)
     engine = ModelDiff(reference, candidates, Settings(**settings), thresholds, progress)
+    from_weights = [n for n in names if CHECKS[n].reads == "weights"]
+    from_models = [n for n in names if n not in from_weights]
     try:
         out = {}
         for key in engine.candidates:
+            report = out[key] = CandidateReport(key, None)
+            if from_weights:  # first: it needs no model, and a model that cannot load keeps this result
+                report.weights = engine.weights(key)
+                limits = engine.thresholds.resolve(report.weights.quant_class)
+                report.results += [run_check(name, report.weights, limits) for name in from_weights]
+            if not from_models:
+                continue
             try:
-                cmp = engine.compare(key)
+                report.comparison = engine.compare(key)
             except ModelDiffUsageError:
                 raise
             except ModelDiffError as exc:
-                out[key] = CandidateReport(key, None, error=str(exc))
+                report.error = str(exc)
                 continue
-            limits = engine.thresholds.resolve(cmp.quant_class)
-            out[key] = CandidateReport(key, cmp, [run_check(name, cmp, limits) for name in names])
+            limits = engine.thresholds.resolve(report.comparison.quant_class)
+            report.results += [run_check(name, report.comparison, limits) for name in from_models]
         return Report(out)
     finally:
         engine.close()  # models and the reference spill file, also on Ctrl-C

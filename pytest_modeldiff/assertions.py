@@ -7,18 +7,38 @@ default) and fails with the same table as the built-in checks.
 from __future__ import annotations
 
 import unittest
+from typing import Callable
 
 from . import checks
-from .engine import Comparison
+from .engine import Comparison, WeightComparison
 from .report import failure_message
 from .registry import CHECKS
 from .thresholds import LayerLimits, Threshold, validate
 
 
 class ModelDiffAssertions:
-    def __init__(self, comparison: Comparison, thresholds: dict[str, Threshold]):
-        self.comparison = comparison
+    def __init__(self, comparison: Comparison | Callable[[], Comparison], thresholds: dict[str, Threshold],
+                 weights: WeightComparison | Callable[[], WeightComparison] | None = None):
+        """``comparison`` and ``weights`` may be callables, resolved at the first assertion that needs
+        them: a test that only asserts on weights runs no model."""
+        self._comparison = comparison
+        self._weights = weights
         self.thresholds = thresholds
+
+    @property
+    def comparison(self) -> Comparison:
+        if callable(self._comparison):
+            self._comparison = self._comparison()
+        return self._comparison
+
+    @property
+    def weights(self) -> WeightComparison:
+        """The tensor-by-tensor diff of the two models' weight files."""
+        if self._weights is None:
+            return self.comparison.weights
+        if callable(self._weights):
+            self._weights = self._weights()
+        return self._weights
 
     def _threshold(self, name: str, limit: float | None) -> Threshold:
         if limit is None:
@@ -27,6 +47,9 @@ class ModelDiffAssertions:
 
     def check(self, name: str, limit=None) -> checks.CheckResult:
         """Run one registered check; ``limit`` overrides its threshold for this call."""
+        if name == "weights":
+            return checks.check_weights(self.weights, {**self.thresholds, **(
+                {} if limit is None else {"weight_rel": self._threshold("weight_rel", limit)})})
         if name in checks.EXACT_CHECKS:
             return checks.run_check(name, self.comparison, self.thresholds)
         if name == "layers":
@@ -50,7 +73,7 @@ class ModelDiffAssertions:
         if result.status == checks.SKIPPED:
             raise unittest.SkipTest(f"modeldiff {result.name}: {result.reason}")
         if result.status in (checks.FAILED, checks.ERROR):
-            message = failure_message(result, self.comparison)
+            message = failure_message(result, self.weights if result.name == "weights" else self.comparison)
             raise AssertionError(f"{message}\n{result.reason}" if result.reason else message)
         return result
 
@@ -110,6 +133,16 @@ class ModelDiffAssertions:
         below the reference's (the topk_acc_drop threshold unless given)."""
         __tracebackhide__ = True
         return self._verify(self.check("topk_acc_drop", max_drop))
+
+    def assert_weights_close(self, rel: float | None = None, cos: float | None = None, gain: float | None = None):
+        """Every tensor pair: ||cand - ref|| / ||ref|| <= rel, cosine >= cos, |gain - 1| <= gain, and no
+        tensor missing, added or reshaped. A limit not given comes from weight_rel / weight_cos /
+        weight_gain (marker > CLI > ini), else from the usual error of each tensor's storage type.
+        Reads the weight files only: no model runs for this assertion."""
+        __tracebackhide__ = True
+        given = {key: self._threshold(key, value) for key, value in
+                 (("weight_rel", rel), ("weight_cos", cos), ("weight_gain", gain)) if value is not None}
+        return self._verify(checks.check_weights(self.weights, {**self.thresholds, **given}))
 
     def assert_layer_rfn(self, max=None):
         """Every layer's mean rfn = ||h_cand - h_ref||_F / ||h_ref||_F within its limit: ``max`` is a

@@ -25,6 +25,7 @@ from .quality import Quality, measure_quality
 from .registry import quant_class
 from .runners import Runner, make_runner
 from .thresholds import Thresholds
+from .weightdiff import WeightDiff, compare_weights
 
 TOPK_KEPT = 20  # top ids kept per position (at least): any top-k overlap/agreement with k <= 20
 
@@ -161,13 +162,32 @@ class PositionStats:
 
 
 @dataclass
-class Comparison:
-    """Everything the checks need about one candidate against the reference."""
+class Pair:
+    """A candidate against the reference: what every verdict and summary line names."""
 
     reference: Runner
     candidate: Runner
     quant_type: str
     quant_class: str
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+
+@dataclass
+class WeightComparison(Pair):
+    """The weights check's input: the two checkpoints' tensor-by-tensor diff (no model runs)."""
+
+    diff: WeightDiff | None = None
+    error: str | None = None  # a weight file could not be read
+    skipped: str | None = None  # a side holds no weights (a logits dump)
+
+
+@dataclass
+class Comparison(Pair):
+    """Everything the checks need about one candidate against the reference."""
+
     eval: evaldata.EvalInput
     token_diffs: list[TokenDiff] = field(default_factory=list)
     stats: PositionStats | None = None
@@ -178,10 +198,11 @@ class Comparison:
     layers_skipped: str | None = None  # why it does not apply (a side gives no hidden states)
     timings: dict[str, float] = field(default_factory=dict)
     topk_max: int = Settings.topk_max
+    weights_of: Callable[[], WeightComparison] | None = None  # set by ModelDiff: its cached weight diff
 
     @property
-    def name(self) -> str:
-        return self.candidate.name
+    def weights(self) -> WeightComparison:
+        return self.weights_of()
 
     @cached_property  # asked for once the comparison is complete
     def quality(self) -> Quality | None:
@@ -219,6 +240,7 @@ class ModelDiff:
         self._ref_load_seconds = 0.0
         self._ref_store: _ReferenceStore | None = None
         self._comparisons: dict[str, Comparison] = {}
+        self._weights: dict[str, WeightComparison] = {}
 
     # -- evaluation input and the reference pass ------------------------------------------
     def eval_input(self) -> evaldata.EvalInput:
@@ -277,12 +299,34 @@ class ModelDiff:
     # -- candidates ------------------------------------------------------------------------
     def compare(self, key: str) -> Comparison:
         if key not in self._comparisons:
-            self._comparisons[key] = self._compare(self.candidates[key])
+            cmp = self._compare(self.candidates[key])
+            cmp.weights_of = lambda: self.weights(key)
+            self._comparisons[key] = cmp
         return self._comparisons[key]
+
+    def weights(self, key: str) -> WeightComparison:
+        """The candidate's weight files against the reference's, tensor by tensor; runs no model."""
+        if key not in self._weights:
+            cand = self.candidates[key]
+            qtype = cand.quant_type()
+            wc = WeightComparison(self.reference, cand, qtype, quant_class(qtype))
+            without = next((r for r in (self.reference, cand) if not r.has_weights), None)
+            if without is not None:
+                wc.skipped = f"{without.path} is a {without.kind} and holds no weights"
+            else:
+                try:
+                    wc.diff = compare_weights(self.reference.path, cand.path, self.progress)
+                except ModelDiffError as exc:
+                    wc.error = str(exc)
+            self._weights[key] = wc
+        return self._weights[key]
 
     def computed(self) -> dict[str, Comparison]:
         """The comparisons made so far (the report covers these)."""
         return dict(self._comparisons)
+
+    def computed_weights(self) -> dict[str, WeightComparison]:
+        return dict(self._weights)
 
     def compare_all(self) -> dict[str, Comparison]:
         return {key: self.compare(key) for key in self.candidates}

@@ -88,24 +88,35 @@ class GGUFFile:
     def hparams(self) -> dict[str, Any]:
         return mapping.from_gguf_metadata(self.metadata, self.tensor_names)
 
-    def read_tensor(self, name: str):
-        """One tensor dequantized to float32 with gguf-py, numpy shape (ne_{n-1}, ..., ne0) = HF's;
-        only this tensor's bytes are read (memory-mapped)."""
+    @cached_property
+    def by_name(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.tensors}
+
+    def read_tensor(self, name: str, start: int = 0, stop: int | None = None):
+        """Rows [start, stop) of the first numpy axis of one tensor, dequantized to float32 with
+        gguf-py, numpy shape (ne_{n-1}, ..., ne0) = HF's. Only those rows' bytes are mapped (quant
+        blocks run along ne0, so every first-axis row is whole blocks)."""
         import gguf
         import numpy as np
 
-        info = next((t for t in self.tensors if t.name == name), None)
+        info = self.by_name.get(name)
         if info is None:
             raise ModelDiffError(f"{self.path}: no tensor {name!r}")
         qtype = gguf.GGMLQuantizationType[info.type_name]
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.n_bytes,))
         shape = tuple(reversed(info.shape))
+        stop = shape[0] if stop is None else min(stop, shape[0])
+        row_bytes = info.n_bytes // shape[0]
+        if stop <= start:
+            return np.zeros((0, *shape[1:]), dtype=np.float32)
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset + start * row_bytes,
+                        shape=((stop - start) * row_bytes,))
+        shape = (stop - start, *shape[1:])
         if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             dtype = np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16
             return raw.view(dtype).reshape(shape).astype(np.float32)
         try:
-            rows = info.n_elements // info.shape[0]  # quant blocks run along ne0, row by row
-            values = gguf.quants.dequantize(np.array(raw).reshape(rows, -1), qtype)
+            values = gguf.quants.dequantize(np.array(raw).reshape(-1, info.n_bytes // (info.n_elements // info.shape[0])),
+                                            qtype)
         except NotImplementedError:
             raise ModelDiffError(f"{self.path}: gguf {getattr(gguf, '__version__', '')} cannot dequantize "
                                  f"{info.type_name} ({name})") from None

@@ -6,6 +6,7 @@ canonical keys through this table, so the ``metadata`` check compares like with 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -103,9 +104,21 @@ def compare(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> list[tuple[str, 
 
 
 # --------------------------------------------------------------------------- tensor names
-# Architectures whose Q/K rows llama.cpp's converter permutes for its rope layout (LlamaModel.permute:
-# each head's [first half | second half] rows become interleaved pairs).
+# Architectures whose Q/K rows llama.cpp's converter permutes for its rope layout (LlamaModel.permute,
+# applied to q_proj/k_proj weights and biases): each head's [first half | second half] rows become
+# interleaved pairs. Other archs keep HF's row order.
 ROPE_PERMUTED_ARCHS = {"llama"}
+ROPE_PERMUTED = (".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")
+
+# HF tensors the converter drops on purpose (ModelBase: buffers, not weights) and GGUF tensors it
+# computes from the config; a weight comparison reports them without failing.
+DROPPED_BY_CONVERTER = (".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias", ".attn.masked_bias",
+                        ".attn.bias")
+MADE_BY_CONVERTER = ("rope_freqs.weight",)
+
+# Tied output head: a model without its own output matrix uses the token embedding (transformers'
+# tie_word_embeddings; llama.cpp loads token_embd as output when output.weight is absent).
+TIED_OUTPUT = {"gguf": ("output.weight", "token_embd.weight"), "hf": ("lm_head.weight", "model.embed_tokens.weight")}
 
 
 def gguf_tensor_name(arch: str, n_layers: int, hf_name: str) -> str | None:
@@ -118,10 +131,45 @@ def gguf_tensor_name(arch: str, n_layers: int, hf_name: str) -> str | None:
     return gguf.get_tensor_name_map(arch_enum, n_layers).get_name(hf_name, try_suffixes=(".weight", ".bias"))
 
 
+def rope_head_dim(arch: str, gguf_name: str, n_rows: int, n_head: int, n_head_kv: int) -> int | None:
+    """Rows per head of a tensor whose rows the converter permuted for rope (None: HF's order kept)."""
+    if arch not in ROPE_PERMUTED_ARCHS or not gguf_name.endswith(ROPE_PERMUTED):
+        return None
+    return n_rows // (n_head if ".attn_q." in gguf_name else n_head_kv)
+
+
+def rope_rows_to_hf(rows, head_dim: int):
+    """Undo LlamaModel.permute on whole heads of rows: interleaved pairs -> [first half | second half]."""
+    return rows.reshape(-1, head_dim // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def rope_rows_to_gguf(rows, head_dim: int):
+    """LlamaModel.permute itself: [first half | second half] -> interleaved pairs, per head."""
+    return rows.reshape(-1, 2, head_dim // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
 def to_hf_layout(arch: str, gguf_name: str, weight, n_head: int, n_head_kv: int):
-    """Undo the converter's layout changes for one tensor (numpy, HF shape): the rope permutation
-    of attn_q/attn_k rows for ROPE_PERMUTED_ARCHS; every other tensor is returned as is."""
-    if arch not in ROPE_PERMUTED_ARCHS or not gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
-        return weight
-    n = n_head if ".attn_q." in gguf_name else n_head_kv
-    return weight.reshape(n, weight.shape[0] // n // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    """Undo the converter's layout changes for one whole tensor (numpy, HF shape)."""
+    head_dim = rope_head_dim(arch, gguf_name, weight.shape[0], n_head, n_head_kv)
+    return weight if head_dim is None else rope_rows_to_hf(weight, head_dim)
+
+
+def tensor_group(name: str) -> tuple[str, int | None]:
+    """(group, layer index) of a tensor by its GGUF or HF name: group is one of embedding,
+    attention, mlp, norm, output, other; the index is None outside the decoder blocks."""
+    match = re.search(r"(?:^|\.)(?:blk|layers|h|layer|blocks)\.(\d+)\.", name)
+    layer = int(match.group(1)) if match else None
+    for group, pattern in TENSOR_GROUPS:
+        if re.search(pattern, name.lower()):
+            return group, layer
+    return "other", layer
+
+
+# First match wins: norms before attention ("attn_norm"), the bare output head before "attn_output".
+TENSOR_GROUPS = (
+    ("norm", r"norm|(^|\.)ln_"),
+    ("embedding", r"embed|token_embd|(^|\.)wte|(^|\.)wpe|word_embeddings"),
+    ("output", r"^(lm_head|output)\."),
+    ("attention", r"attn|attention|[qkvo]_proj|qkv"),
+    ("mlp", r"mlp|ffn|gate|up_proj|down_proj|fc[12]|experts"),
+)

@@ -181,14 +181,18 @@ class _State:
                 raise
         pytest.fail(self.errors[key], pytrace=False)
 
+    def subject(self, key: str, check: str):
+        """What ``check`` reads: the weight files' diff (no model runs) or the full comparison."""
+        return self.engine.weights(key) if CHECKS[check].reads == "weights" else self.comparison(key)
+
     def result(self, key: str, check: str):
         """One built-in check of one candidate (CLI > ini > default thresholds), computed once for
         its test item and the end-of-run summary and JSON."""
         from .checks import run_check
 
         if (key, check) not in self._results:
-            cmp = self.comparison(key)
-            self._results[key, check] = run_check(check, cmp, self.engine.thresholds.resolve(cmp.quant_class))
+            subject = self.subject(key, check)
+            self._results[key, check] = run_check(check, subject, self.engine.thresholds.resolve(subject.quant_class))
         return self._results[key, check]
 
     def close(self) -> None:
@@ -220,7 +224,7 @@ class ModelDiffItem(pytest.Item):
         from .report import failure_message
 
         state = self.config.stash[_STATE]
-        cmp = state.comparison(self.candidate)
+        cmp = state.subject(self.candidate, self.check)
         result = state.result(self.candidate, self.check)
         if result.status == SKIPPED:
             pytest.skip(f"modeldiff {self.check}: {result.reason}")
@@ -307,30 +311,41 @@ def modeldiff(request: pytest.FixtureRequest, modeldiff_candidate: str | None):
     modeldiff.assert_tokens_equal(), .assert_kld(max=None), .assert_nmse(), .assert_topk_overlap(k=10),
     .assert_same_top(), .assert_max_abs(), .assert_vocab_equal(), .assert_metadata_equal(),
     .assert_layer_rfn(max=None or {"0-3": 0.02, "*": 0.05}), .assert_prob_mse(max=None),
-    .assert_topk_accuracy(max_drop=None); .comparison holds the raw per-position numbers and
-    .comparison.quality both models' perplexity and top-K accuracy. Thresholds: marker > CLI > ini > default.
+    .assert_topk_accuracy(max_drop=None), .assert_weights_close(rel=None, cos=None, gain=None);
+    .comparison holds the raw per-position numbers, .comparison.quality both models' perplexity and
+    top-K accuracy, .weights the tensor-by-tensor diff. Thresholds: marker > CLI > ini > default.
+    The models run at the first assertion that needs them (assert_weights_close needs none).
     """
     state = request.config.stash.get(_STATE, None)
     if state is None:
         pytest.skip("pytest-modeldiff: no --ref-model given")
     from .assertions import ModelDiffAssertions
+    from .registry import quant_class
 
-    cmp = state.comparison(modeldiff_candidate)
+    key = modeldiff_candidate
     marker = _marker_thresholds(request.node)
-    return ModelDiffAssertions(cmp, state.engine.thresholds.resolve(cmp.quant_class, marker))
+    limits = state.engine.thresholds.resolve(quant_class(state.engine.candidates[key].quant_type()), marker)
+    return ModelDiffAssertions(lambda: state.comparison(key), limits, weights=lambda: state.engine.weights(key))
 
 
 # ------------------------------------------------------------------------- reporting
 def _all_results(state: _State) -> dict:
-    """The built-in checks (--modeldiff-checks, all if none) of every candidate compared, with
-    CLI > ini > default thresholds; markers belong to the tests that carry them."""
+    """The built-in checks (--modeldiff-checks, all if none) of every candidate, with CLI > ini >
+    default thresholds (markers belong to the tests that carry them): the checks whose input was
+    computed during the run - nothing new is read or run for the summary."""
     names = state.checks or list(CHECKS)
-    return {key: (cmp, [state.result(key, name) for name in names]) for key, cmp in state.engine.computed().items()}
+    comparisons, weights = state.engine.computed(), state.engine.computed_weights()
+    out = {}
+    for key in state.engine.candidates:
+        done = [n for n in names if key in (weights if CHECKS[n].reads == "weights" else comparisons)]
+        if done:
+            out[key] = (comparisons.get(key) or weights[key], [state.result(key, name) for name in done])
+    return out
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
-    if state is None or not (state.engine.computed() or state.errors):
+    if state is None or not (state.engine.computed() or state.engine.computed_weights() or state.errors):
         return
     from .report import summary, to_json, write_csv, write_json, write_layer_plots
 

@@ -33,6 +33,8 @@ llama.cpp's published LLaMA-3-8B figures are in ../shared/REFERENCE.md section 4
   its f16 3e-13. Top-K accuracy drop (max over K = 1..5; one flipped position is 0.001 there,
   0.0025 on the built-in prompts): f32/f16 0, q8_0 0.004, q6_K 0.001, q4_K_M 0.010, q4_0 0.029,
   q2_K 0.044; its defaults allow a few flips more than that noise.
+- weights: each tensor is judged against the usual error of its own storage type (TENSOR_TYPE_ERROR
+  below), so the F32 norms of a Q4_K_M file must be exact while its Q4_K matrices may move ~7 %.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ class Check:
     defaults: dict[str, float] = field(default_factory=dict)
     key: str = ""  # threshold key in markers/CLI/ini when it differs from the name
     per_layer: bool = False  # the threshold may be a mapping from layer patterns to numbers
+    more_keys: tuple[tuple[str, str], ...] = ()  # further (threshold key, direction), default per tensor type
+    reads: str = "comparison"  # what the check needs: "comparison" (models run) or "weights" (files only)
 
     @property
     def has_threshold(self) -> bool:
@@ -65,8 +69,32 @@ class Check:
     def threshold_key(self) -> str:
         return self.key or self.name
 
-    def default_for(self, quant: str) -> float:
+    def default_for(self, quant: str) -> float | None:
+        """None: no default by quant class (the weights check judges each tensor by its type)."""
+        if not self.defaults:
+            return None
         return self.defaults[quant if quant in self.defaults else "q2"]
+
+    @property
+    def limits(self) -> list["Limit"]:
+        """Its threshold keys: its own, then ``more_keys``."""
+        if not self.has_threshold:
+            return []
+        return [Limit(self.threshold_key, self.name, self.direction, self.defaults, self.per_layer),
+                *(Limit(key, self.name, direction, {}) for key, direction in self.more_keys)]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A threshold key of a check, as markers, --modeldiff-threshold and the ini name it."""
+
+    key: str
+    check: str
+    direction: str
+    defaults: dict[str, float]  # by quant class; empty: judged per tensor type
+    per_layer: bool = False
+
+    default_for = Check.default_for
 
 
 def _by_class(f32, f16, bf16, q8, q6, q5, q4, q3, q2, q1=None) -> dict[str, float]:
@@ -78,6 +106,14 @@ def _by_class(f32, f16, bf16, q8, q6, q5, q4, q3, q2, q1=None) -> dict[str, floa
 CHECKS: dict[str, Check] = {
     c.name: c
     for c in [
+        Check(
+            "weights",
+            "every tensor within its storage type's usual error: ||d||/||ref||, cosine, |gain - 1| (no model runs)",
+            LOWER,
+            key="weight_rel",
+            more_keys=(("weight_cos", HIGHER), ("weight_gain", LOWER)),
+            reads="weights",
+        ),
         Check("tokens", "each side's own tokenization of the same text is identical", EXACT),
         Check("vocab", "vocabulary, merges/scores, special-token ids and add-bos/eos flags", EXACT),
         Check("metadata", "architecture hyper-parameters (layers, heads, rope, norm eps, ...)", EXACT),
@@ -140,6 +176,7 @@ RUNNERS = {
     "llamacpp": "pytest_modeldiff.runners.llamacpp:LlamaCppRunner",
     "gguf-torch": "pytest_modeldiff.runners.gguf_torch:GGUFTorchRunner",
     "dump": "pytest_modeldiff.runners.dump:DumpRunner",
+    "weights": "pytest_modeldiff.runners.weights:WeightsRunner",
 }
 
 # llama.cpp's model-conversion scripts name the two models by environment variable; they are the
@@ -160,13 +197,73 @@ def parse_check_list(raw: str, source: str) -> list[str]:
     return names
 
 
-# Checks computed from the two models' logits: thresholded and not per layer (the exact checks need
-# tokenizers and metadata, the per-layer one hidden states).
-LOGIT_CHECKS = tuple(name for name, c in CHECKS.items() if c.has_threshold and not c.per_layer)
+# Checks computed from the two models' logits: thresholded, not per layer, not from the weight files
+# (the exact checks need tokenizers and metadata, the per-layer one hidden states).
+LOGIT_CHECKS = tuple(name for name, c in CHECKS.items() if c.has_threshold and not c.per_layer
+                     and c.reads == "comparison")
 
-# Checks that take a numeric threshold, by their marker / CLI / ini key.
-BY_THRESHOLD_KEY = {c.threshold_key: c for c in CHECKS.values() if c.has_threshold}
+# Every threshold key (marker / CLI / ini) and what it limits.
+BY_THRESHOLD_KEY = {limit.key: limit for c in CHECKS.values() for limit in c.limits}
 THRESHOLD_KEYS = tuple(BY_THRESHOLD_KEY)
+
+
+# --------------------------------------------------------------------------- weight error by storage type
+# Usual relative change ||w_type - w|| / ||w|| of float weights stored in each type, measured with
+# llama.cpp's quantizer (no importance matrix): the tiny fixture model (Gaussian weights, every type
+# below) and SmolLM2-135M (trained weights; F16, Q8_0, Q6_K, Q5_0, Q4_K, Q4_0, Q3_K), the larger of the
+# two, rounded up. Tiny / SmolLM2: F16 2.09e-4 / 2.05e-4, BF16 1.68e-3, Q8_0 5.4e-3 / 6.5e-3, Q6_K
+# 1.8e-2 / 1.8e-2, Q5_K 3.6e-2, Q5_1 3.8e-2, Q5_0 4.3e-2 / 5.2e-2, Q4_K 7.2e-2 / 2.0e-2, Q4_1 7.9e-2,
+# IQ4_NL 7.7e-2, IQ4_XS 7.7e-2, Q4_0 8.7e-2 / 0.104, Q3_K 0.153 / 0.158, Q2_K 0.30. Types not measured
+# take the largest of their quant class. The least-squares gain of a correctly quantized tensor stays
+# within 0.06x its usual error (Q4_0 5.6e-3, Q2_K 1.8e-2): a larger |gain - 1| is a scaled tensor.
+TENSOR_TYPE_ERROR = {
+    "F64": 0.0, "F32": 0.0, "F16": 2.1e-4, "BF16": 1.7e-3, "Q8_0": 6.5e-3, "Q6_K": 1.8e-2, "Q5_K": 3.6e-2,
+    "Q5_1": 3.8e-2, "Q5_0": 5.2e-2, "Q4_K": 7.2e-2, "Q4_1": 7.9e-2, "IQ4_NL": 7.7e-2, "IQ4_XS": 7.7e-2,
+    "Q4_0": 0.104, "Q3_K": 0.158, "Q2_K": 0.30,
+}
+WEIGHT_MARGIN = 2.0  # limit = margin x usual error
+GAIN_SHARE = 0.15  # |gain - 1| limit = share x usual error (2.5x the measured 0.06)
+REL_FLOOR, GAIN_FLOOR = 1e-6, 1e-3  # exact types: float32 arithmetic noise only
+# Which types hold another one's values exactly (a wider float): no error expected.
+_HOLDS = {"F64": {"F64", "F32", "F16", "BF16"}, "F32": {"F32", "F16", "BF16"}}
+
+
+@dataclass(frozen=True)
+class WeightLimits:
+    """Default limits for one tensor, from its storage type's usual error."""
+
+    usual: float  # usual relative change of this type
+    rel: float  # largest ||d|| / ||ref||
+    cos: float  # smallest cosine: that of noise of size ``rel``, 1 / sqrt(1 + rel^2)
+    gain: float  # largest |gain - 1|
+
+    @classmethod
+    def of(cls, usual: float, rel: float | None = None, cos: float | None = None, gain: float | None = None):
+        rel = max(WEIGHT_MARGIN * usual, REL_FLOOR) if rel is None else rel
+        return cls(usual, rel, 1.0 / (1.0 + rel * rel) ** 0.5 if cos is None else cos,
+                   max(GAIN_SHARE * usual, GAIN_FLOOR) if gain is None else gain)
+
+    def passes(self, metrics: dict) -> bool:
+        """NaN fails every comparison; an identical tensor passes (its gain of an all-zero ref is NaN)."""
+        if metrics["rel"] == 0:
+            return True
+        return metrics["rel"] <= self.rel and metrics["cos"] >= self.cos and abs(metrics["gain"] - 1.0) <= self.gain
+
+
+def usual_weight_error(ref_type: str, cand_type: str) -> float:
+    """The usual relative change of a ``ref_type`` tensor stored as ``cand_type``: 0 when the
+    candidate's type holds the reference's values exactly."""
+    if cand_type == ref_type or ref_type in _HOLDS.get(cand_type, ()):
+        return 0.0
+    if cand_type in TENSOR_TYPE_ERROR:
+        return TENSOR_TYPE_ERROR[cand_type]
+    cls = quant_class(cand_type)
+    same_class = [v for t, v in TENSOR_TYPE_ERROR.items() if quant_class(t) == cls]
+    return max(same_class) if same_class else 0.5  # q1 (IQ1_*, TQ1_0): not measured
+
+
+def weight_limits(ref_type: str, cand_type: str) -> WeightLimits:
+    return WeightLimits.of(usual_weight_error(ref_type, cand_type))
 
 
 # GGUF general.file_type names (gguf.LlamaFileType without the MOSTLY_ prefix) and HF dtypes

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt
-from .engine import Comparison
+from .checks import EXACT_CHECKS, FAILED, WORST_TENSORS, CheckResult, Row, fmt
+from .engine import Comparison, Pair
 
 
 def table(rows: Iterable[Row]) -> list[str]:
@@ -45,9 +45,25 @@ def layer_table(result: CheckResult) -> list[str]:
     return _aligned(lines)
 
 
+def weights_table(result: CheckResult, n: int = WORST_TENSORS) -> list[str]:
+    """The n tensors with the largest relative change, with their limits and likely cause."""
+    report = result.extra["weights"]
+    compared = [t for t in report["tensors"] if t.get("rel") is not None]
+    compared.sort(key=lambda t: -(t["rel"] if math.isfinite(t["rel"]) else math.inf))
+    lines = [("tensor", "layer", "type", "||d||/||ref||", "1 - cos", "gain", "limit", "status")]
+    for t in compared[:n]:
+        status = "ok" if t["passed"] else "FAIL" + (f"  {t['cause']}" if t["cause"] else "")
+        lines.append((t["name"], "" if t["layer"] is None else str(t["layer"]), f"{t['ref_type']}->{t['cand_type']}",
+                      fmt(t["rel"]), fmt(1.0 - t["cos"]), f"{t['gain']:.5g}", f"<= {fmt(t['limit_rel'])}", status))
+    head = (f"weights: top {min(n, len(compared))} of {len(compared)} tensors by relative change "
+            f"({report['naming']}; limits: {result.extra['limits_source']})")
+    patterns = f"change pattern: {'; '.join(report['patterns'])}" if report["patterns"] else ""
+    return [head, *_aligned(lines), *([patterns] if patterns else [])]
+
+
 def quality_table(cmp: Comparison) -> list[str]:
     """Both models side by side on the next tokens (exllamav2 model_diff's summary)."""
-    q = cmp.quality
+    q = getattr(cmp, "quality", None)  # a weights-only comparison has none
     if q is None:
         return []
     if q.positions == 0:
@@ -79,16 +95,17 @@ def failure_message(result: CheckResult, cmp: Comparison) -> str:
         lines += [f"per-layer rfn ({result.extra['source']}, thresholds from {', '.join(sources)}):",
                   *layer_table(result)]
     if result.details:
-        lines.append("differences:" if result.name in EXACT_CHECKS else
-                     "where:" if result.name == "layers" else "worst positions:")
+        lines.append("differences:" if result.name in EXACT_CHECKS else "where:" if result.name == "layers" else
+                     "tensors over their limits:" if result.name == "weights" else "worst positions:")
         lines += [f"  {d}" for d in result.details]
     if result.hint:
         lines.append(f"hint: {result.hint}")
     return "\n".join(lines)
 
 
-def summary(cmp: Comparison, results: list[CheckResult]) -> list[str]:
-    """One table per candidate for the terminal summary."""
+def summary(cmp: Pair, results: list[CheckResult]) -> list[str]:
+    """One table per candidate for the terminal summary (``cmp`` is a WeightComparison when only
+    the weights were compared)."""
     failed = [r.name for r in results if r.status == FAILED]
     head = (f"{cmp.candidate.path.name} ({cmp.candidate.kind}, {cmp.quant_type}, class {cmp.quant_class}) "
             f"vs {cmp.reference.path.name}: " + (f"FAILED {', '.join(failed)}" if failed else "all checks passed"))
@@ -105,21 +122,24 @@ def summary(cmp: Comparison, results: list[CheckResult]) -> list[str]:
     for r in results:
         if "layers" in r.extra:
             lines += [f"per-layer rfn ({r.extra['source']}):", *layer_table(r)]
+        if "weights" in r.extra:
+            lines += weights_table(r)
     return lines
 
 
-def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], errors: dict[str, str] | None = None) -> dict:
+def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict[str, str] | None = None) -> dict:
     """Every compared candidate's checks; candidates that could not be compared carry "error"."""
     out = {"format": "pytest-modeldiff report v1", "candidates": []}
     for cmp, results in comparisons.values():
+        ran = isinstance(cmp, Comparison)  # else only the weight files were compared
         out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
                             "quant_type": cmp.reference.quant_type()}
         out["candidates"].append({
             "name": cmp.name, "path": str(cmp.candidate.path), "runner": cmp.candidate.kind,
             "quant_type": cmp.quant_type, "quant_class": cmp.quant_class,
-            "positions": 0 if cmp.stats is None else len(cmp.stats),
-            "sequences": len(cmp.eval.sequences), "timings": cmp.timings,
-            "quality": None if cmp.quality is None else cmp.quality.to_dict(),
+            "positions": len(cmp.stats) if ran and cmp.stats is not None else 0,
+            "sequences": len(cmp.eval.sequences) if ran else 0, "timings": cmp.timings if ran else {},
+            "quality": cmp.quality.to_dict() if ran and cmp.quality is not None else None,
             "checks": [{
                 "name": r.name, "status": r.status, "value": r.value,
                 # per-layer limits are in extra["layers"]
@@ -129,8 +149,12 @@ def to_json(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], errors
                 "reason": r.reason or None, **({"extra": r.extra} if r.extra else {}),
             } for r in results],
         })
-    for name, message in (errors or {}).items():
-        out["candidates"].append({"name": name, "error": message})
+    for name, message in (errors or {}).items():  # beside the weights result, if that was computed
+        entry = next((c for c in out["candidates"] if c["name"] == name), None)
+        if entry is None:
+            out["candidates"].append({"name": name, "error": message})
+        else:
+            entry["error"] = message
     return _finite(out)
 
 
@@ -151,13 +175,14 @@ def write_json(path: Path, data: dict) -> None:
     _write_atomic(Path(path), json.dumps(data, indent=2, default=str, allow_nan=False))
 
 
-CSV_COLUMNS = ("candidate", "quant_type", "check", "metric", "layer", "reference", "value", "threshold", "status")
+CSV_COLUMNS = ("candidate", "quant_type", "check", "metric", "layer", "tensor", "reference", "value", "threshold",
+               "status")
 
 
 def csv_rows(report: dict) -> list[dict]:
     """The JSON report (``to_json``) as flat rows, in CSV_COLUMNS: per candidate one row per
-    check (its headline value), one per quality metric (reference beside candidate) and one per
-    layer rfn. Numbers are written as repr, so they read back to the JSON's exact floats."""
+    check (its headline value), one per quality metric (reference beside candidate), one per
+    layer rfn and one per tensor of the weights check (its relative change). Numbers are written as repr, so they read back to the JSON's exact floats."""
     rows = []
     for cand in report["candidates"]:
         def row(**cells):
@@ -166,14 +191,18 @@ def csv_rows(report: dict) -> list[dict]:
 
         if "error" in cand:
             row(status="error", metric=cand["error"])
-            continue
-        for check in cand["checks"]:
+        for check in cand.get("checks", []):
             row(check=check["name"], metric=check["name"], value=check["value"], threshold=check["threshold"],
                 status=check["status"])
             for layer in check.get("extra", {}).get("layers", []):
                 row(check=check["name"], metric="rfn", layer=layer["name"], value=layer["rfn_mean"],
                     threshold=layer["threshold"], status="kept" if layer["kept"] else
                     "passed" if layer["passed"] else "failed")
+            for tensor in check.get("extra", {}).get("weights", {}).get("tensors", []):
+                row(check=check["name"], metric="weight_rel", layer=tensor["layer"], tensor=tensor["name"],
+                    value=tensor.get("rel"),
+                    threshold=tensor["limit_rel"], status=("passed" if tensor["passed"] else "failed") +
+                    ("" if tensor["status"] in ("modified", "unchanged") else f" ({tensor['status']})"))
         q = cand.get("quality")
         if q and q["positions"]:
             row(metric="perplexity", reference=q["ref_ppl"], value=q["cand_ppl"])

@@ -22,7 +22,7 @@ from .registry import BY_THRESHOLD_KEY, EMBD, HIGHER, NORM, THRESHOLD_KEYS
 
 @dataclass(frozen=True)
 class Threshold:
-    value: float  # a LayerLimits for per-layer keys
+    value: float | None  # a LayerLimits for per-layer keys; None: judged per tensor type (weights)
     source: str  # "marker", "--modeldiff-threshold", "ini modeldiff_thresholds", "default (q8)"
 
 
@@ -125,6 +125,10 @@ def pattern_span(pattern: str, name: str) -> int | None:
     return high - low + 1 if name.isdigit() and low <= int(name) <= high else None
 
 
+# The weights check's default: no number per quant class, each tensor judged by its storage type.
+PER_TENSOR_TYPE = "default (each tensor's storage type, registry.TENSOR_TYPE_ERROR)"
+
+
 class Thresholds:
     """The run's thresholds below the marker: a Python caller's ``given`` mapping (the marker's
     form, see ``api.compare``), CLI and ini; ``resolve`` adds the marker and the defaults."""
@@ -143,10 +147,11 @@ class Thresholds:
         layers = ((marker or {}, "marker"), (self.given, self.GIVEN), (self.cli, self.CLI), (self.ini, self.INI))
         resolved = {}
         for key in THRESHOLD_KEYS:
-            check = BY_THRESHOLD_KEY[key]
-            default = Threshold(check.default_for(quant_class), f"default ({quant_class})")
+            limit = BY_THRESHOLD_KEY[key]
+            value = limit.default_for(quant_class)
+            default = Threshold(value, f"default ({quant_class})" if value is not None else PER_TENSOR_TYPE)
             given = [(source, layer[key]) for layer, source in layers if key in layer]
-            if check.per_layer:
+            if limit.per_layer:
                 sources = tuple((source, tuple(patterns.items())) for source, patterns in given)
                 limits = LayerLimits(sources + ((default.source, (("*", default.value),)),))
                 resolved[key] = Threshold(limits, given[0][0] if given else default.source)

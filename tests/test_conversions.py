@@ -11,8 +11,8 @@ CORRECT = ["f32", "f16", "bf16", "q8_0", "q4_k_m"]
 BROKEN = {
     "rope-base": {"metadata", "kld", "layers"},
     "norm-eps": {"metadata", "kld", "layers"},
-    "qk-unpermuted": {"kld", "nmse", "top10", "same_top", "layers"},
-    "layer-scaled": {"kld", "nmse", "max_abs", "layers"},
+    "qk-unpermuted": {"weights", "kld", "nmse", "top10", "same_top", "layers"},
+    "layer-scaled": {"weights", "kld", "nmse", "max_abs", "layers"},
     "add-bos-flipped": {"tokens", "vocab"},
     "vocab-swapped": {"tokens", "vocab"},
 }

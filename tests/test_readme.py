@@ -2,7 +2,7 @@
 import re
 from pathlib import Path
 
-from pytest_modeldiff.registry import CHECKS, HIGHER, LOWER
+from pytest_modeldiff.registry import CHECKS, HIGHER, LOWER, TENSOR_TYPE_ERROR
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 CLASSES = ["f32", "f16", "bf16", "q8", "q6", "q5", "q4", "q3", "q2"]
@@ -21,8 +21,27 @@ def test_check_table_matches_registry():
         check = CHECKS[cells[0]]
         assert cells[1] == check.title.replace("\\|", "|")
         assert cells[2] == {LOWER: "<=", HIGHER: ">="}.get(check.direction, "equal")
-        if check.has_threshold:
+        if check.has_threshold and check.defaults:
             assert [float(c) for c in cells[3:]] == [check.defaults[c] for c in CLASSES], cells[0]
+        elif check.has_threshold:  # judged per tensor type: the weight-types table
+            assert cells[3:] == ["per tensor type (below)"] + [""] * (len(CLASSES) - 1), cells[0]
+
+
+def test_weight_type_table_matches_registry():
+    table = README.split("<!-- weight-types")[1].split("<!-- end weight-types -->")[0]
+    head, _, values = [line for line in table.splitlines() if line.startswith("| ")]
+    types = [c.strip() for c in head.split("|")[2:-1]]
+    assert types == [t for t in TENSOR_TYPE_ERROR if t != "F64"]
+    cells = [c.strip() for c in re.split(r"(?<!\\)\|", values)[2:-1]]
+    assert [float(c) for c in cells] == [TENSOR_TYPE_ERROR[t] for t in types]
+
+
+def test_weights_example_runs(pytester, demo_ref, demo_cand):
+    example = next(b for b in python_blocks() if "def test_weights(modeldiff)" in b)
+    pytester.makepyfile(test_readme_weights_example=example)
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
+                                "--modeldiff-checks=none")
+    result.assert_outcomes(passed=2)
 
 
 def test_fixture_and_marker_example_runs(pytester, demo_ref, demo_cand):

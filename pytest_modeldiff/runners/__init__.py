@@ -11,6 +11,7 @@ from pathlib import Path
 from ..dumps import dump_in_folder, is_dump_folder, model_name
 from ..errors import ModelDiffError, ModelDiffUsageError
 from ..registry import MODEL_ENV, RUNNERS
+from ..weightfiles import is_torch_checkpoint
 from .base import FixedSequence, Runner, VocabInfo
 
 
@@ -19,7 +20,8 @@ __all__ = ["RUNNERS", "FixedSequence", "Runner", "VocabInfo", "detect_runner", "
 
 def detect_runner(path: Path) -> str:
     """dump for X.bin or a folder of dumps (X.bin beside X-tokens.bin), llamacpp for .gguf, hf for
-    any other folder (HFRunner names a missing config.json)."""
+    any other folder (HFRunner names a missing config.json), weights for weights-only files
+    (.safetensors, .pt/.pth, .npz/.npy, a .bin that torch.save wrote)."""
     path = Path(path)
     if is_dump_folder(path):
         return "dump"
@@ -27,11 +29,17 @@ def detect_runner(path: Path) -> str:
         return "hf"
     if path.suffix == ".gguf":
         return "llamacpp"
+    if path.suffix in WEIGHTS_ONLY or (path.suffix == ".bin" and is_torch_checkpoint(path)):
+        return "weights"
     if path.suffix == ".bin":
         return "dump"
     raise ModelDiffError(
-        f"{path}: cannot tell how to run this file; expected a HF folder, a .gguf or a .bin logits dump "
-        f"(or name the runtime with --ref-runner/--cand-runner: {', '.join(RUNNERS)})")
+        f"{path}: cannot tell how to run this file; expected a HF folder, a .gguf, a .bin logits dump or a "
+        f"weights file ({', '.join(WEIGHTS_ONLY)}) (or name the runtime with --ref-runner/--cand-runner: "
+        f"{', '.join(RUNNERS)})")
+
+
+WEIGHTS_ONLY = (".safetensors", ".pt", ".pth", ".npz", ".npy")
 
 
 def make_runner(path: Path, runner: str | None = None, device: str = "cpu", threads: int | None = None,

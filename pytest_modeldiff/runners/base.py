@@ -55,6 +55,7 @@ class Runner(ABC):
     dump_prefix: ClassVar[str | None] = None
     gives_hidden: ClassVar[bool] = False  # forward() can return hidden states
     feeds_layers: ClassVar[bool] = False  # can run its layers on the reference's states
+    has_weights: ClassVar[bool] = True  # its path holds weight files the weights check can read
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
         self.path = Path(path)

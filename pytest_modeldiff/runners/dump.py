@@ -21,6 +21,7 @@ _QUANT_IN_NAME = re.compile(r"(?:^|[-_.])((?:b?f(?:16|32))|(?:i?q\d(?:_[a-z0-9]+
 
 class DumpRunner(Runner):
     kind = "dump"
+    has_weights = False
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
         super().__init__(path, device, threads)

@@ -1,0 +1,39 @@
+"""A weights-only file (.safetensors, torch .pt/.pth/.bin, .npz, .npy): the weights check reads it,
+nothing runs. Lets the plugin, the CLI and compare() diff any two checkpoints (a fine-tune against
+its base, two exports of one model) with ``--modeldiff-checks weights``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ModelDiffError
+from ..weightfiles import open_weights
+from .base import Runner
+
+
+class WeightsRunner(Runner):
+    kind = "weights"
+
+    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
+        super().__init__(path, device, threads)
+        self.reader = open_weights(self.path)  # validates the file now, not at the first check
+
+    def _cannot_run(self):
+        raise ModelDiffError(f"{self.path}: a weights-only file cannot run a model; compare it with "
+                             "--modeldiff-checks weights (or compare(..., checks=['weights']))")
+
+    def load(self, max_tokens: int) -> None:
+        self._cannot_run()
+
+    def load_tokenizer(self) -> None:
+        """No tokenizer: the tokens check reports a mismatch-free skip, the logit checks an error."""
+
+    def logits(self, ids: Sequence[int]):
+        self._cannot_run()
+
+    def quant_type(self) -> str:
+        """The storage type holding most elements ("F32", "BF16", ...)."""
+        counts: dict[str, int] = {}
+        for meta in self.reader.tensors.values():
+            counts[meta.type_name] = counts.get(meta.type_name, 0) + meta.n_elements
+        return max(counts, key=counts.get) if counts else "GUESSED"
