@@ -1,11 +1,12 @@
 """pytest-modeldiff: check that a converted or quantized model still computes what the original does.
 
 Without pytest: ``from pytest_modeldiff import compare`` (one call, see api.py) or the engine
-itself, ``from pytest_modeldiff import ModelDiff``.
+itself, ``from pytest_modeldiff import ModelDiff``; ``compare_weights`` diffs two checkpoints'
+tensors without running them (weightdiff.py).
 """
 __version__ = "0.1.0"
 
-__all__ = ["compare", "ModelDiff", "Settings", "Thresholds", "__version__"]
+__all__ = ["compare", "compare_weights", "ModelDiff", "Settings", "Thresholds", "__version__"]
 
 
 def __getattr__(name):  # keep `import pytest_modeldiff` (and the pytest plugin) light
@@ -17,6 +18,10 @@ def __getattr__(name):  # keep `import pytest_modeldiff` (and the pytest plugin)
         from . import engine
 
         return getattr(engine, name)
+    if name == "compare_weights":
+        from .weightdiff import compare_weights
+
+        return compare_weights
     if name == "Thresholds":
         from .thresholds import Thresholds
 

@@ -452,7 +452,10 @@ def _explain_weights(result: CheckResult, judged: list, source: str | None) -> N
     if len(bad) > WORST_TENSORS:
         result.details.append(f"... and {len(bad) - WORST_TENSORS} more (every tensor is in the JSON report)")
     causes = " ".join(t.cause for t, _ in bad)
-    if "rope" in causes:
+    if all(lim is not None and not t.cause for t, lim in bad):
+        result.hint = (f"every failing tensor is within its storage type's usual error: the threshold from {source} "
+                       "asks for more than those types can store; loosen it, or compare a wider type")
+    elif "rope" in causes:
         result.hint = ("Q/K rows are in the wrong rope order: convert with llama.cpp's convert_hf_to_gguf.py, which "
                        "permutes Q/K for llama-family models, and do not permute them again")
     elif any(t.status in ("removed", "added", "shape-changed") for t, _ in bad):

@@ -333,6 +333,8 @@ class ModelDiff:
 
     def _compare(self, cand: Runner) -> Comparison:
         started = time.perf_counter()
+        self.reference.require_model()
+        cand.require_model()
         eval_input = self.eval_input()
         run_models = self.settings.logits or self._in_memory_layers()
         first_use = self._ref_store is None

@@ -220,7 +220,7 @@ def _compare_pair(name: str, r: _Side | None, c: _Side | None, note: str, chunk_
     t = TensorDiff(name, r and r.name, c and c.name, MODIFIED, r and r.meta.shape, c and c.meta.shape,
                    r and r.meta.type_name, c and c.meta.type_name, note=note)
     if c is None:
-        t.status, t.expected = REMOVED, name.endswith(mapping.DROPPED_BY_CONVERTER)
+        t.status, t.expected = REMOVED, r.name.endswith(mapping.DROPPED_BY_CONVERTER)  # the stored HF name
         t.cause = "dropped by llama.cpp's converter (a buffer, not a weight)" if t.expected else "missing in the candidate"
         return t
     if r is None:
@@ -302,19 +302,23 @@ def _likely_cause(t: TensorDiff, stats: _Stats, r: _Side, c: _Side, limits) -> s
         order = _rope_order(t, r, c, tolerance)
         if order:
             return order
-        if wm.sorted_norms_rel(rows_r, rows_c) <= tolerance:
+        def same(a, b, sort=False):
+            return wm.norms_rel(a, b, sort) <= tolerance
+
+        if same(rows_r, rows_c, sort=True) and same(cols_r, cols_c) and not same(rows_r, rows_c):
             moved = int(np.count_nonzero(rows_d > (tolerance ** 2) * np.maximum(rows_r, 1e-30)))
             return f"rows permuted ({moved} of {len(rows_r)} rows moved)"
-        if len(rows_r) == len(cols_r) and wm.sorted_norms_rel(rows_r, cols_c) <= tolerance \
-                and wm.sorted_norms_rel(cols_r, rows_c) <= tolerance:
-            return "transposed (a square matrix stored the other way round)"
-        if wm.sorted_norms_rel(cols_r, cols_c) <= tolerance:
+        if same(cols_r, cols_c, sort=True) and same(rows_r, rows_c) and not same(cols_r, cols_c):
             return "columns permuted"
+        if len(rows_r) == len(cols_r) and same(rows_r, cols_c) and same(cols_r, rows_c):
+            return "transposed (a square matrix stored the other way round)"
+        if same(rows_r, rows_c, sort=True) and same(cols_r, cols_c, sort=True):
+            return "rows and columns permuted"
         top = np.argsort(-rows_d, kind="stable")
         k = int(np.searchsorted(np.cumsum(rows_d[top]), 0.9 * rows_d.sum())) + 1
-        if k <= max(1, len(rows_d) // 100):
+        if k <= max(1, len(rows_d) // 20):
             return f"{k} of {len(rows_d)} rows carry 90 % of the change (worst rows: {', '.join(map(str, top[:3]))})"
-    like = _resembles(t.rel, limits.usual)
+    like = _resembles(t.rel, limits.usual) if mt["changed_fraction"] > 0.5 else ""  # rounding moves most values
     if like:
         return f"an error like {like}'s rounding: the values went through {like}"
     factor = t.rel / t.usual_rel if t.usual_rel else math.inf

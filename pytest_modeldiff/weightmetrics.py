@@ -44,7 +44,7 @@ def moments(ref: np.ndarray, cand: np.ndarray) -> Moments:
                    max_abs_d=float(abs_d.max()) if r.size and not np.isnan(abs_d).any() else
                    (float("nan") if r.size else 0.0),
                    sum_d=float(d.sum()), sum_r2=float(r @ r), sum_c2=float(c @ c), sum_rc=float(r @ c),
-                   changed=int(np.count_nonzero(d != 0) + np.count_nonzero(np.isnan(d))),
+                   changed=int(np.count_nonzero(d != 0)),  # NaN != 0 too
                    nonfinite=int(r.size - np.count_nonzero(np.isfinite(c))))
 
 
@@ -119,13 +119,15 @@ def summary(m: Moments) -> dict[str, float]:
             "residual_after_offset": residual_after_offset(m), "nonfinite": float(m.nonfinite)}
 
 
-def sorted_norms_rel(a_sq: np.ndarray, b_sq: np.ndarray) -> float:
-    """|| sort(sqrt(a_sq)) - sort(sqrt(b_sq)) || / || sqrt(a_sq) ||: how far two sets of row (or
-    column) norms are from being the same set; small while the rows themselves differ means the
-    rows were permuted."""
-    a, b = np.sort(np.sqrt(a_sq)), np.sort(np.sqrt(b_sq))
+def norms_rel(a_sq: np.ndarray, b_sq: np.ndarray, sort: bool = False) -> float:
+    """|| sqrt(a_sq) - sqrt(b_sq) || / || sqrt(a_sq) || for per-row (or per-column) sums of squares;
+    with ``sort``, of the sorted norms: how far two sets of rows are from being the same set. Small
+    sorted and large unsorted means the rows were permuted."""
+    a, b = np.sqrt(a_sq), np.sqrt(b_sq)
     if a.shape != b.shape:
         return float("inf")
+    if sort:
+        a, b = np.sort(a), np.sort(b)
     denom = np.linalg.norm(a)
     if denom == 0:
         return 0.0 if not b.any() else float("inf")

@@ -1,4 +1,6 @@
 """compare(): the comparison without pytest, returning the plugin's result objects."""
+import json
+
 import pytest
 
 from pytest_modeldiff import compare
@@ -56,3 +58,31 @@ def test_assertion_helpers_for_probability_mse_and_top_k_accuracy(demo_ref, demo
         helpers.assert_prob_mse(max=1e-15)
     # the random demo model predicts the same few next tokens with both weights: no drop at all
     assert helpers.assert_topk_accuracy(max_drop=0.0).value == 0.0
+
+
+def test_weights_only_compare_runs_no_model_and_reports_every_tensor(tiny, tmp_path):
+    report = compare(tiny / "hf", [tiny / "tiny-q8_0.gguf", tiny / "broken-qk-unpermuted-f16.gguf"], checks=["weights"])
+    good, bad = report["tiny-q8_0"], report["broken-qk-unpermuted-f16"]
+    assert good.comparison is None and good.passed and good.weights.diff.naming.startswith("HF names mapped")
+    assert not bad.passed and "Q/K rows not permuted for rope" in str(bad)
+    report.write_json(tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())["candidates"]
+    assert [c["positions"] for c in data] == [0, 0]
+    tensors = data[1]["checks"][0]["extra"]["weights"]["tensors"]
+    assert len(tensors) == 39 and sum(not t["passed"] for t in tensors) == 8
+
+
+def test_a_model_that_cannot_load_keeps_its_weights_result(demo_ref, demo_cand, tmp_path):
+    from broken import rewrite_gguf
+
+    rewrite_gguf(demo_cand, tmp_path / "cand.gguf", drop={"blk.0.ffn_up.weight"})
+    report = compare(demo_ref, tmp_path / "cand.gguf", checks=["weights", "kld"])
+    cand = report["cand"]
+    assert cand.error and "cand.gguf" in cand.error and cand.comparison is None
+    weights = cand.result("weights")
+    assert weights.status == FAILED
+    assert any(d.startswith("blk.0.ffn_up.weight [mlp, layer 0]: removed: missing in the candidate")
+               for d in weights.details)
+    assert "not compared" in str(report) and "modeldiff weights FAILED" in str(report)
+    data = report.to_json()["candidates"][0]
+    assert data["error"] == cand.error and data["checks"][0]["status"] == FAILED

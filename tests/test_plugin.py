@@ -307,3 +307,58 @@ def test_stream_layers_runs_only_the_layer_check(pytester, tiny, tmp_path):
                              f"--cand-model={tiny / 'tiny-q8_0.gguf'}", "--modeldiff-keep-layers=-1")
     bad.stderr.fnmatch_lines(["*--modeldiff-keep-layers must be an integer >= 0, got -1*"])
     assert bad.ret == 4
+
+
+WEIGHT_TESTS = """
+import pytest
+
+def test_weights_close(modeldiff):
+    modeldiff.assert_weights_close()
+
+@pytest.mark.modeldiff(weight_rel=1e-5)
+def test_weights_marker_too_tight(modeldiff):
+    modeldiff.assert_weights_close()
+
+def test_weights_argument(modeldiff):
+    modeldiff.assert_weights_close(rel=0.5, cos=0.9, gain=0.1)
+"""
+
+
+def test_weights_check_runs_first_and_runs_no_model(pytester, tiny):
+    """-x stops at the failing weights item, before any model is loaded or run."""
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v", "-x", f"--ref-model={tiny / 'hf'}",
+                                f"--cand-model={tiny / 'broken-layer-scaled-f16.gguf'}")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "modeldiff[broken-layer-scaled-f16]::weights FAILED" in out and "::tokens" not in out
+    assert "modeldiff: reference hf: sequence" not in out  # the reference never ran
+    result.stdout.fnmatch_lines([
+        "modeldiff weights FAILED: broken-layer-scaled-f16.gguf (llamacpp, F16 -> class f16) vs reference hf",
+        "tensors within their limits * | 32/39 * | all * | FAIL",
+        "tensors over their limits:",
+        "  blk.1.attn_v.weight [[]attention, layer 1[]] F32 -> F16: *likely cause: scaled by 1.03",
+        "weights: top 10 of 39 tensors by relative change*",
+        "change pattern: focused: layer(s) 1 changed over 3x the median layer"])
+
+
+def test_weight_assertions_markers_and_weights_only_files(pytester, run, demo_ref, tmp_path):
+    pytester.makepyfile(test_weight_helpers=WEIGHT_TESTS)
+    result = run("--modeldiff-checks=none")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*within Q8_0's usual error (0.0065) but over the threshold from marker*",
+                                 "*hint: every failing tensor is within its storage type's usual error*"])
+    (pytester.path / "test_weight_helpers.py").unlink()
+
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    w = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    save_file({"w": w, "b": w[0]}, tmp_path / "base.safetensors")
+    save_file({"w": w * np.float32(1.5), "b": w[0]}, tmp_path / "tuned.safetensors")
+    result = run("--modeldiff-checks=weights", ref=tmp_path / "base.safetensors", cand=tmp_path / "tuned.safetensors")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*w [[]other[]] F32 -> F32: *likely cause: scaled by 1.5"])
+    result = run("--modeldiff-checks=weights,kld", ref=tmp_path / "base.safetensors", cand=tmp_path / "base.safetensors")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*base.safetensors: a weights-only file cannot run a model; compare it with "
+                                 "--modeldiff-checks weights*"])

@@ -31,11 +31,18 @@ def test_csv_parses_back_to_the_json_numbers(demo_ref, demo_cand, tmp_path):
         assert number(row["threshold"]) == checks[name]["threshold"], name
         assert row["status"] == checks[name]["status"]
 
-    layers = [r for r in rows if r["layer"]]
+    layers = [r for r in rows if r["metric"] == "rfn"]
     expected = checks["layers"]["extra"]["layers"]
     assert [r["layer"] for r in layers] == [x["name"] for x in expected] == ["embd", "0", "1", "norm"]
     for row, layer in zip(layers, expected):
         assert (number(row["value"]), number(row["threshold"])) == (layer["rfn_mean"], layer["threshold"])
+
+    tensors = [r for r in rows if r["metric"] == "weight_rel"]
+    expected = checks["weights"]["extra"]["weights"]["tensors"]
+    assert [r["tensor"] for r in tensors] == [t["name"] for t in expected] and len(tensors) == 20
+    for row, tensor in zip(tensors, expected):
+        assert (number(row["value"]), number(row["threshold"])) == (tensor["rel"], tensor["limit_rel"])
+        assert row["layer"] == ("" if tensor["layer"] is None else str(tensor["layer"])) and row["status"] == "passed"
 
     q = data["quality"]
     quality = {r["metric"]: r for r in rows if not r["check"]}

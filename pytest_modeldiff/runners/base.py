@@ -97,6 +97,9 @@ class Runner(ABC):
             raise ModelDiffError(f"{self.path}: token ids must be 0..{n_vocab - 1} (got {len(ids)} ids, "
                                  f"range {min(ids, default=None)}..{max(ids, default=None)})")
 
+    def require_model(self) -> None:
+        """Raise ModelDiffError if this path cannot run a model (a weights-only file)."""
+
     def load_tokenizer(self) -> None:
         """Make tokenize/piece/vocab usable; runners that can do so without the weights override."""
         self.load(2)

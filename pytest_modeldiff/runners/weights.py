@@ -18,18 +18,15 @@ class WeightsRunner(Runner):
         super().__init__(path, device, threads)
         self.reader = open_weights(self.path)  # validates the file now, not at the first check
 
-    def _cannot_run(self):
+    def require_model(self):
         raise ModelDiffError(f"{self.path}: a weights-only file cannot run a model; compare it with "
                              "--modeldiff-checks weights (or compare(..., checks=['weights']))")
 
     def load(self, max_tokens: int) -> None:
-        self._cannot_run()
-
-    def load_tokenizer(self) -> None:
-        """No tokenizer: the tokens check reports a mismatch-free skip, the logit checks an error."""
+        self.require_model()
 
     def logits(self, ids: Sequence[int]):
-        self._cannot_run()
+        self.require_model()
 
     def quant_type(self) -> str:
         """The storage type holding most elements ("F32", "BF16", ...)."""
