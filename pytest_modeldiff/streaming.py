@@ -25,6 +25,7 @@ from . import layers, mapping, metrics
 from .errors import ModelDiffError
 from .gguf_file import open_gguf
 from .runners.base import model_files
+from .weightfiles import open_weights
 
 DEFAULT_CHECKPOINT_DIR = Path.home() / ".cache" / "pytest-modeldiff" / "stream"
 
@@ -58,7 +59,8 @@ class StreamedModel:
         self.prefix = next(name for name, module in self.model.named_modules() if module is decoder)
         self.rotary = type(decoder.rotary_emb)(config=self.config)  # real buffers, not meta
         self.n_layers = len(decoder.layers)
-        self._weights = self._gguf_tensor if self.gguf else _SafetensorsIndex(self.path).tensor
+        self.reader = open_weights(self.path)
+        self._weights = self._gguf_tensor if self.gguf else self.reader.read
 
     def module(self, kind: str, index: int = 0):
         if kind == "embd":
@@ -83,36 +85,8 @@ class StreamedModel:
         if name is None or name not in self.gguf.tensor_names:
             raise ModelDiffError(f"{self.path}: no GGUF tensor for {hf_name} (mapped to {name})")
         c = self.config
-        return mapping.to_hf_layout(arch, name, self.gguf.read_tensor(name), c.num_attention_heads,
+        return mapping.to_hf_layout(arch, name, self.reader.read(name), c.num_attention_heads,
                                     getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
-
-
-class _SafetensorsIndex:
-    """Tensors of a single or sharded (model.safetensors.index.json) checkpoint, read one at a time."""
-
-    def __init__(self, folder: Path):
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            self.where = {name: folder / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
-        else:
-            from safetensors import safe_open
-
-            files = sorted(folder.glob("*.safetensors"))
-            if not files:
-                raise ModelDiffError(f"{folder}: no *.safetensors weights to stream")
-            self.where = {}
-            for file in files:
-                with safe_open(file, "np") as f:
-                    self.where.update((name, file) for name in f.keys())
-        self.folder = folder
-
-    def tensor(self, name: str) -> np.ndarray:
-        from safetensors import safe_open
-
-        if name not in self.where:
-            raise ModelDiffError(f"{self.folder}: no tensor {name} in the safetensors files")
-        with safe_open(self.where[name], "pt") as f:  # "pt": numpy has no bfloat16
-            return f.get_tensor(name).float().numpy()
 
 
 def _apply(model: StreamedModel, module, states: list, ids: list, kind: str) -> list:

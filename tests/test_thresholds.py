@@ -2,7 +2,8 @@
 import pytest
 
 from pytest_modeldiff.errors import ModelDiffUsageError
-from pytest_modeldiff.registry import BY_THRESHOLD_KEY, CHECKS, QUANT_CLASSES, THRESHOLD_KEYS, quant_class
+from pytest_modeldiff.registry import (BY_THRESHOLD_KEY, CHECKS, QUANT_CLASSES, TENSOR_TYPE_ERROR, THRESHOLD_KEYS,
+                                       quant_class, usual_weight_error, weight_limits)
 from pytest_modeldiff.thresholds import Thresholds, parse_assignments, validate
 
 
@@ -54,8 +55,32 @@ def test_quant_class(label, cls):
 
 
 def test_every_threshold_check_has_a_default_for_every_class():
+    """...except the weights keys, whose default comes from each tensor's storage type."""
     for key in THRESHOLD_KEYS:
-        assert set(QUANT_CLASSES) <= set(BY_THRESHOLD_KEY[key].defaults), key
+        limit = BY_THRESHOLD_KEY[key]
+        if limit.check == "weights":
+            assert not limit.defaults
+            continue
+        assert set(QUANT_CLASSES) <= set(limit.defaults), key
+
+
+def test_weight_keys_default_per_tensor_type_and_take_one_number():
+    resolved = Thresholds(["weight_cos=0.99"]).resolve("q4", marker={"weight_rel": 0.05})
+    assert (resolved["weight_rel"].value, resolved["weight_rel"].source) == (0.05, "marker")
+    assert (resolved["weight_cos"].value, resolved["weight_cos"].source) == (0.99, "--modeldiff-threshold")
+    assert resolved["weight_gain"].value is None and "storage type" in resolved["weight_gain"].source
+    with pytest.raises(ModelDiffUsageError, match="weight_cos.*fraction and must be <= 1"):
+        Thresholds(["weight_cos=1.5"])
+
+
+def test_usual_weight_error_by_storage_type():
+    assert usual_weight_error("F32", "F16") == TENSOR_TYPE_ERROR["F16"]
+    assert usual_weight_error("BF16", "F32") == usual_weight_error("F16", "F16") == 0.0  # held exactly
+    assert usual_weight_error("F32", "IQ3_S") == TENSOR_TYPE_ERROR["Q3_K"]  # not measured: its class's largest
+    limits = weight_limits("F32", "Q4_K")
+    assert limits.rel == 2 * TENSOR_TYPE_ERROR["Q4_K"] and limits.gain == pytest.approx(0.15 * TENSOR_TYPE_ERROR["Q4_K"])
+    assert limits.cos == pytest.approx(1 / (1 + limits.rel ** 2) ** 0.5)
+    assert weight_limits("F32", "F32").rel == 1e-6
 
 
 def test_layer_patterns_resolve_per_layer_across_sources():
