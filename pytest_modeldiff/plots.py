@@ -1,4 +1,5 @@
-"""Self-contained SVG plots (no plotting library): rfn against layer index per candidate."""
+"""Self-contained SVG plots (no plotting library): rfn against layer index per candidate, and the
+weights' relative change per layer as bars."""
 from __future__ import annotations
 
 import math
@@ -14,12 +15,40 @@ def rfn_svg(title: str, names: list[str], rfn: list[float], limits: list[float],
     if isolated and any(v is not None for v in isolated):
         series.append(("isolated rfn", [v if v is not None else float("nan") for v in isolated], "#2471a3", "2,3"))
     series.append(("threshold", limits, "#555555", "6,4"))
-    finite = [v for _, values, _, _ in series for v in values if v is not None and math.isfinite(v) and v > 0]
+    out, x, y = _log_axes(title, names, [v for _, values, _, _ in series for v in values], "layer")
+    for k, (label, values, color, dash) in enumerate(series):
+        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values) if v is not None and math.isfinite(v))
+        dashes = f' stroke-dasharray="{dash}"' if dash else ""
+        out.append(f'<polyline class="series" data-label="{escape(label)}" fill="none" stroke="{color}" '
+                   f'stroke-width="2"{dashes} points="{points}"/>')
+        out.append(f'<text x="{LEFT + 10 + 170 * k}" y="{HEIGHT - 6}" fill="{color}">{escape(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def bars_svg(title: str, names: list[str], values: list[float], label: str) -> str:
+    """One bar per name (log axis): the weights' mean relative change per decoder layer."""
+    out, x, y = _log_axes(title, names, values, "layer", bars=True)
+    width = 0.7 * (WIDTH - LEFT - RIGHT) / max(len(names), 1)
+    base = HEIGHT - BOTTOM
+    for i, v in enumerate(values):
+        if v is not None and math.isfinite(v) and v > 0:
+            out.append(f'<rect class="bar" data-label="{escape(names[i])}" x="{x(i) - width / 2:.1f}" y="{y(v):.1f}" '
+                       f'width="{width:.1f}" height="{base - y(v):.1f}" fill="#2471a3"><title>{escape(names[i])}: '
+                       f'{v:.4g}</title></rect>')
+    out.append(f'<text x="{LEFT + 10}" y="{HEIGHT - 6}" fill="#2471a3">{escape(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _log_axes(title: str, names: list[str], values: list, x_label: str, bars: bool = False):
+    """The SVG head, decade grid and x labels; returns (lines, x(i), y(value))."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     low = math.floor(math.log10(min(finite, default=1e-6)))
-    high = math.ceil(math.log10(max(finite, default=1.0)))
-    high = max(high, low + 1)
+    high = max(math.ceil(math.log10(max(finite, default=1.0))), low + 1)
     n = len(names)
-    x = lambda i: LEFT + (WIDTH - LEFT - RIGHT) * (i / max(n - 1, 1))
+    span = WIDTH - LEFT - RIGHT
+    x = (lambda i: LEFT + span * (i + 0.5) / max(n, 1)) if bars else (lambda i: LEFT + span * (i / max(n - 1, 1)))
     y = lambda v: TOP + (HEIGHT - TOP - BOTTOM) * (high - math.log10(max(v, 10.0 ** low))) / (high - low)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
@@ -31,12 +60,5 @@ def rfn_svg(title: str, names: list[str], rfn: list[float], limits: list[float],
     step = max(1, n // 16)
     for i in range(0, n, step):
         out.append(f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(names[i])}</text>')
-    out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 22}" text-anchor="middle">layer</text>')
-    for k, (label, values, color, dash) in enumerate(series):
-        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values) if v is not None and math.isfinite(v))
-        dashes = f' stroke-dasharray="{dash}"' if dash else ""
-        out.append(f'<polyline class="series" data-label="{escape(label)}" fill="none" stroke="{color}" '
-                   f'stroke-width="2"{dashes} points="{points}"/>')
-        out.append(f'<text x="{LEFT + 10 + 170 * k}" y="{HEIGHT - 6}" fill="{color}">{escape(label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 22}" text-anchor="middle">{escape(x_label)}</text>')
+    return out, x, y

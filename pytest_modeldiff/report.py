@@ -228,20 +228,27 @@ def write_csv(path: Path, report: dict) -> None:
 
 
 def write_layer_plots(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], json_path: Path) -> list[Path]:
-    """rfn-per-layer SVG for each candidate with a layers result, next to the JSON report:
-    <report stem>-rfn-<candidate>.svg."""
-    from .plots import rfn_svg
+    """Per-layer SVGs next to the JSON report, for each candidate: <report stem>-rfn-<candidate>.svg
+    (the layers check's rfn) and <report stem>-weights-<candidate>.svg (the weights' mean relative
+    change per decoder layer, bars)."""
+    from .plots import bars_svg, rfn_svg
 
     written = []
     for key, (cmp, results) in comparisons.items():
+        title = f"{cmp.candidate.path.name} vs {cmp.reference.path.name}"
         for r in results:
-            if "layers" not in r.extra:
+            if "layers" in r.extra:
+                rows = r.extra["layers"]
+                svg, kind = rfn_svg(f"{title}: per-layer rfn", [row["name"] for row in rows],
+                                    [float(row["rfn_mean"]) for row in rows], [row["threshold"] for row in rows],
+                                    [row["isolated_rfn"] for row in rows]), "rfn"
+            elif "weights" in r.extra and r.extra["weights"]["layers"]:
+                per_layer = r.extra["weights"]["layers"]
+                svg, kind = bars_svg(f"{title}: weights per layer", list(per_layer), list(per_layer.values()),
+                                     "mean ||d||/||ref|| of the layer's tensors"), "weights"
+            else:
                 continue
-            rows = r.extra["layers"]
-            svg = rfn_svg(f"{cmp.candidate.path.name} vs {cmp.reference.path.name}: per-layer rfn",
-                          [row["name"] for row in rows], [float(row["rfn_mean"]) for row in rows],
-                          [row["threshold"] for row in rows], [row["isolated_rfn"] for row in rows])
-            path = Path(json_path).with_name(f"{Path(json_path).stem}-rfn-{key}.svg")
+            path = Path(json_path).with_name(f"{Path(json_path).stem}-{kind}-{key}.svg")
             _write_atomic(path, svg)
             written.append(path)
     return written

@@ -324,10 +324,14 @@ def test_weights_argument(modeldiff):
 """
 
 
-def test_weights_check_runs_first_and_runs_no_model(pytester, tiny):
-    """-x stops at the failing weights item, before any model is loaded or run."""
+def test_weights_check_runs_first_and_runs_no_model(pytester, tiny, tmp_path):
+    """-x stops at the failing weights item, before any model is loaded or run; the JSON report
+    has every tensor and a per-layer bar chart is written beside it."""
+    import xml.etree.ElementTree as ET
+
+    report = tmp_path / "report.json"
     result = pytester.runpytest("-p", "no:cacheprovider", "-v", "-x", f"--ref-model={tiny / 'hf'}",
-                                f"--cand-model={tiny / 'broken-layer-scaled-f16.gguf'}")
+                                f"--cand-model={tiny / 'broken-layer-scaled-f16.gguf'}", f"--modeldiff-json={report}")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "modeldiff[broken-layer-scaled-f16]::weights FAILED" in out and "::tokens" not in out
@@ -339,6 +343,12 @@ def test_weights_check_runs_first_and_runs_no_model(pytester, tiny):
         "  blk.1.attn_v.weight [[]attention, layer 1[]] F32 -> F16: *likely cause: scaled by 1.03",
         "weights: top 10 of 39 tensors by relative change*",
         "change pattern: focused: layer(s) 1 changed over 3x the median layer"])
+    weights = json.loads(report.read_text())["candidates"][0]["checks"][0]
+    assert weights["name"] == "weights" and len(weights["extra"]["weights"]["tensors"]) == 39
+    bars = [e for e in ET.parse(tmp_path / "report-weights-broken-layer-scaled-f16.svg").getroot().iter()
+            if e.tag.endswith("rect")]
+    heights = {e.get("data-label"): float(e.get("height")) for e in bars}
+    assert list(heights) == ["0", "1", "2", "3"] and max(heights, key=heights.get) == "1"
 
 
 def test_weight_assertions_markers_and_weights_only_files(pytester, run, demo_ref, tmp_path):
