@@ -60,6 +60,13 @@ def test_correct_conversions_pass_with_defaults(tiny, quant):
     assert "F32" in types  # the norms: judged as exact, not by the file's quant type
 
 
+def test_two_ggufs(tiny):
+    assert weights_result(tiny / "tiny-f32.gguf", tiny / "tiny-q8_0.gguf").status == PASSED
+    diff = compare_weights(tiny / "tiny-f16.gguf", tiny / "broken-qk-unpermuted-f16.gguf")
+    assert diff.naming == "names as stored"
+    assert {t.cause for t in diff.worst(8)} == {"Q/K rows not permuted for rope (llama.cpp's LlamaModel.permute was not applied)"}
+
+
 def test_chunk_size_does_not_change_the_numbers(tiny):
     whole = compare_weights(tiny / "hf", tiny / "tiny-q8_0.gguf")
     chunked = compare_weights(tiny / "hf", tiny / "tiny-q8_0.gguf", chunk_elements=1000)  # Q/K: whole heads
