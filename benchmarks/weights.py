@@ -254,7 +254,7 @@ def child(args, mode: str, folder: Path) -> dict:
 
 # --------------------------------------------------------------------------- main
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--work-dir", default=str(Path.home() / ".cache" / "pytest-modeldiff" / "bench-weights"),
                     help="where the model is built once and reused (default %(default)s)")
     ap.add_argument("--pairs", default="f16,q8_0", help="GGUF types to compare with the HF folder, comma-separated "
