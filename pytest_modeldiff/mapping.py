@@ -6,6 +6,7 @@ canonical keys through this table, so the ``metadata`` check compares like with 
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -123,12 +124,17 @@ TIED_OUTPUT = {"gguf": ("output.weight", "token_embd.weight"), "hf": ("lm_head.w
 
 def gguf_tensor_name(arch: str, n_layers: int, hf_name: str) -> str | None:
     """The GGUF name of an HF parameter, through gguf-py's own tensor-name map (None if unmapped)."""
+    name_map = _tensor_name_map(arch, n_layers)
+    return None if name_map is None else name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+
+
+@functools.lru_cache(maxsize=8)
+def _tensor_name_map(arch: str, n_layers: int):
+    """gguf-py builds the map for every layer of every tensor kind: once per model, not per name."""
     import gguf
 
     arch_enum = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch), None)
-    if arch_enum is None:
-        return None
-    return gguf.get_tensor_name_map(arch_enum, n_layers).get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    return None if arch_enum is None else gguf.get_tensor_name_map(arch_enum, n_layers)
 
 
 def rope_head_dim(arch: str, gguf_name: str, n_rows: int, n_head: int, n_head_kv: int) -> int | None:

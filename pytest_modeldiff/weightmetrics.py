@@ -36,16 +36,29 @@ class Moments:
 
 def moments(ref: np.ndarray, cand: np.ndarray) -> Moments:
     """The additive moments of one chunk (same shape on both sides), in float64."""
-    r = np.asarray(ref, dtype=np.float64).ravel()
-    c = np.asarray(cand, dtype=np.float64).ravel()
+    return chunk_stats(np.reshape(ref, (1, -1)), np.reshape(cand, (1, -1)))[0]
+
+
+def chunk_stats(ref: np.ndarray, cand: np.ndarray) -> tuple[Moments, np.ndarray, np.ndarray, np.ndarray,
+                                                              np.ndarray, np.ndarray]:
+    """One pass over a chunk of rows (2-D, same shape): its Moments, and per row sum r^2, sum c^2,
+    sum d^2, per column sum r^2, sum c^2 (the evidence for permuted or transposed tensors).
+
+    float64 throughout (float32 products would lose the residual of a scaled F32 tensor, 1e-6 of
+    its norm, to rounding); the sums of products are einsum loops, so the only temporaries are the
+    two float64 copies and d (no r*r arrays: fewer page faults, 2x faster on small chunks)."""
+    r = np.asarray(ref, dtype=np.float64)
+    c = np.asarray(cand, dtype=np.float64)
     d = c - r
-    abs_d = np.abs(d)
-    return Moments(n=r.size, sum_d2=float(d @ d), sum_abs_d=float(abs_d.sum()),
-                   max_abs_d=float(abs_d.max()) if r.size and not np.isnan(abs_d).any() else
-                   (float("nan") if r.size else 0.0),
-                   sum_d=float(d.sum()), sum_r2=float(r @ r), sum_c2=float(c @ c), sum_rc=float(r @ c),
-                   changed=int(np.count_nonzero(d != 0)),  # NaN != 0 too
-                   nonfinite=int(r.size - np.count_nonzero(np.isfinite(c))))
+    rows_r, rows_c, rows_d = (np.einsum("ij,ij->i", x, x) for x in (r, c, d))
+    m = dict(n=d.size, sum_d2=float(rows_d.sum()), sum_d=float(d.sum()), sum_r2=float(rows_r.sum()),
+             sum_c2=float(rows_c.sum()), sum_rc=float(np.einsum("ij,ij->", r, c)),
+             nonfinite=int(d.size - np.count_nonzero(np.isfinite(c))))
+    cols_r, cols_c = np.einsum("ij,ij->j", r, r), np.einsum("ij,ij->j", c, c)
+    abs_d = np.abs(d, out=d)  # d is not needed any more
+    m.update(sum_abs_d=float(abs_d.sum()), max_abs_d=float(abs_d.max()) if d.size else 0.0,  # NaN if any d is
+             changed=int(np.count_nonzero(abs_d)))  # NaN counts as changed
+    return Moments(**m), rows_r, rows_c, rows_d, cols_r, cols_c
 
 
 def l2(m: Moments) -> float:
