@@ -77,11 +77,6 @@ class WeightReader:
         """Drop what was kept for the last tensor (mapping, decompressed member)."""
 
     @property
-    def nbytes(self) -> int:
-        """Bytes of tensor data in the file(s)."""
-        return sum(f.stat().st_size for f in self.files)
-
-    @property
     def files(self) -> list[Path]:
         return [self.path]
 
@@ -265,10 +260,6 @@ class GGUFReader(WeightReader):
 
     def _read(self, name, start, stop):
         return self.gguf.read_tensor(name, start, stop)
-
-    @property
-    def hparams(self) -> dict:
-        return self.gguf.hparams()
 
 
 # --------------------------------------------------------------------------- opening
