@@ -16,6 +16,7 @@ from .layers import EMBD, NORM, describe
 from .registry import CHECKS, HIGHER, WeightLimits
 from .runners.base import VocabInfo
 from .thresholds import PER_TENSOR_TYPE, Threshold
+from .weightdiff import WORST_TENSORS
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
 
@@ -384,7 +385,6 @@ def _explain_layers(result: CheckResult, cmp: Comparison, first: int, jump: int 
 
 # --------------------------------------------------------------------------- weights check
 WEIGHT_KEYS = tuple(limit.key for limit in CHECKS["weights"].limits)  # weight_rel, weight_cos, weight_gain
-WORST_TENSORS = 10  # tensors listed in the summary and a failure
 
 
 def check_weights(weights: WeightComparison, thresholds: dict[str, Threshold]) -> CheckResult:

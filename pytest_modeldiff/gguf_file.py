@@ -114,9 +114,9 @@ class GGUFFile:
         if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             dtype = np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16
             return raw.view(dtype).reshape(shape).astype(np.float32)
+        ne0_rows = info.n_elements // info.shape[0]  # gguf-py dequantizes rows of whole blocks along ne0
         try:
-            values = gguf.quants.dequantize(np.array(raw).reshape(-1, info.n_bytes // (info.n_elements // info.shape[0])),
-                                            qtype)
+            values = gguf.quants.dequantize(np.array(raw).reshape(-1, info.n_bytes // ne0_rows), qtype)
         except NotImplementedError:
             raise ModelDiffError(f"{self.path}: gguf {getattr(gguf, '__version__', '')} cannot dequantize "
                                  f"{info.type_name} ({name})") from None

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .checks import EXACT_CHECKS, FAILED, WORST_TENSORS, CheckResult, Row, fmt
+from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt
 from .engine import Comparison, Pair
 
 
@@ -45,17 +45,17 @@ def layer_table(result: CheckResult) -> list[str]:
     return _aligned(lines)
 
 
-def weights_table(result: CheckResult, n: int = WORST_TENSORS) -> list[str]:
-    """The n tensors with the largest relative change, with their limits and likely cause."""
+def weights_table(result: CheckResult) -> list[str]:
+    """The tensors with the largest relative change (WeightDiff.worst), with their limits and likely cause."""
     report = result.extra["weights"]
-    compared = [t for t in report["tensors"] if t.get("rel") is not None]
-    compared.sort(key=lambda t: -(t["rel"] if math.isfinite(t["rel"]) else math.inf))
+    by_name = {t["name"]: t for t in report["tensors"]}
+    n_compared = sum(t.get("rel") is not None for t in report["tensors"])
     lines = [("tensor", "layer", "type", "||d||/||ref||", "1 - cos", "gain", "limit", "status")]
-    for t in compared[:n]:
+    for t in (by_name[name] for name in report["worst"]):
         status = "ok" if t["passed"] else "FAIL" + (f"  {t['cause']}" if t["cause"] else "")
         lines.append((t["name"], "" if t["layer"] is None else str(t["layer"]), f"{t['ref_type']}->{t['cand_type']}",
                       fmt(t["rel"]), fmt(1.0 - t["cos"]), f"{t['gain']:.5g}", f"<= {fmt(t['limit_rel'])}", status))
-    head = (f"weights: top {min(n, len(compared))} of {len(compared)} tensors by relative change "
+    head = (f"weights: top {len(report['worst'])} of {n_compared} tensors by relative change "
             f"({report['naming']}; limits: {result.extra['limits_source']})")
     patterns = f"change pattern: {'; '.join(report['patterns'])}" if report["patterns"] else ""
     return [head, *_aligned(lines), *([patterns] if patterns else [])]

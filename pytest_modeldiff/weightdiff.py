@@ -26,6 +26,7 @@ from .registry import TENSOR_TYPE_ERROR, weight_limits
 from .weightfiles import WeightReader, open_weights
 
 UNCHANGED, MODIFIED, ADDED, REMOVED, SHAPE_CHANGED = "unchanged", "modified", "added", "removed", "shape-changed"
+WORST_TENSORS = 10  # tensors named in the summary, a failure and the report's "worst" list
 CHUNK_ELEMENTS = 1 << 17  # elements per step: 1 MB of float64 per array, so the passes run in cache (2-3x faster than 1 << 20)
 
 
@@ -79,7 +80,7 @@ class WeightDiff:
     def compared(self) -> list[TensorDiff]:
         return [t for t in self.tensors if t.metrics]
 
-    def worst(self, n: int = 10) -> list[TensorDiff]:
+    def worst(self, n: int = WORST_TENSORS) -> list[TensorDiff]:
         """The n compared tensors with the largest relative change, NaN first."""
         return sorted(self.compared(), key=lambda t: -np.nan_to_num(t.rel, nan=np.inf))[:n]
 
@@ -113,7 +114,8 @@ class WeightDiff:
         return {"reference": str(self.reference), "candidate": str(self.candidate), "naming": self.naming,
                 "bytes_read": self.bytes_read, "seconds": self.seconds, "groups": self.groups(),
                 "layers": {str(k): v for k, v in self.layers().items()}, "patterns": self.patterns(),
-                "frozen": self.frozen(), "tensors": [t.to_dict() for t in self.tensors]}
+                "frozen": self.frozen(), "worst": [t.name for t in self.worst()],
+                "tensors": [t.to_dict() for t in self.tensors]}
 
 
 # --------------------------------------------------------------------------- pairing names
@@ -127,7 +129,7 @@ class _Side:
 
     @property
     def meta(self):
-        return self.reader.tensors[self.reader.aliases.get(self.name, self.name)]
+        return self.reader.meta(self.name)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         rows = self.reader.read(self.name, start, stop)
@@ -154,8 +156,7 @@ def pair_tensors(ref: WeightReader, cand: WeightReader) -> tuple[str, list[tuple
         if reader is not gguf_side:
             return _Side(reader, name)
         arch, n_head, n_head_kv = _gguf_heads(reader)
-        rows = reader.tensors[reader.aliases.get(name, name)].shape[0]
-        return _Side(reader, name, mapping.rope_head_dim(arch, name, rows, n_head, n_head_kv))
+        return _Side(reader, name, mapping.rope_head_dim(arch, name, reader.meta(name).shape[0], n_head, n_head_kv))
 
     def index(role: str, reader: WeightReader) -> dict[str, tuple[str, bool, str]]:
         out = {}

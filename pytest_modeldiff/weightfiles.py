@@ -63,12 +63,24 @@ class WeightReader:
         self.aliases: dict[str, str] = {}  # a tied tensor's name -> the stored tensor it uses
         self.config: dict = {}  # HF config.json or GGUF metadata
 
-    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        name = self.aliases.get(name, name)
-        if name not in self.tensors:
+    def meta(self, name: str) -> TensorMeta:
+        """The stored tensor ``name`` stands for (a tied name resolves to the tensor it uses)."""
+        stored = self.aliases.get(name, name)
+        if stored not in self.tensors:
             raise ModelDiffError(f"{self.path}: no tensor {name!r}")
-        stop = self.tensors[name].shape[0] if stop is None else stop
-        return np.asarray(self._read(name, start, stop), dtype=np.float32)
+        return self.tensors[stored]
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        meta = self.meta(name)
+        stop = meta.shape[0] if stop is None else stop
+        return np.asarray(self._read(meta.name, start, stop), dtype=np.float32)
+
+    def dominant_type(self) -> str:
+        """The storage type holding most elements ("F32", "BF16", ...), "GUESSED" without tensors."""
+        counts: dict[str, int] = {}
+        for meta in self.tensors.values():
+            counts[meta.type_name] = counts.get(meta.type_name, 0) + meta.n_elements
+        return max(counts, key=counts.get) if counts else "GUESSED"
 
     def _read(self, name: str, start: int, stop: int) -> np.ndarray:
         raise NotImplementedError

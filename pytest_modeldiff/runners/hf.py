@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import mapping
 from ..errors import ModelDiffError
+from ..weightfiles import open_weights
 from .base import Forward, Runner, VocabInfo
 
 
@@ -177,18 +178,16 @@ class HFRunner(TorchCausalLM):
         if qc:
             bits = qc.get("bits") or (4 if qc.get("load_in_4bit") else 8 if qc.get("load_in_8bit") else None)
             return f"int{bits}" if bits else str(qc.get("quant_method", "quantized"))
-        dtype = self.config.get("dtype") or self.config.get("torch_dtype") or self._safetensors_dtype()
+        dtype = self.config.get("dtype") or self.config.get("torch_dtype") or self._stored_dtype()
         return str(dtype or "float32")
 
-    def _safetensors_dtype(self) -> str | None:
-        """The dtype of the first tensor in the first shard's header (no weights are read)."""
-        shard = next(iter(sorted(self.path.glob("*.safetensors"))), None)
-        if shard is None:
+    def _stored_dtype(self) -> str | None:
+        """The storage type of most weights, from the weight files' headers (no weights are read)."""
+        try:
+            stored = open_weights(self.path).dominant_type()
+        except ModelDiffError:
             return None
-        with open(shard, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        dtype = next((v["dtype"] for k, v in header.items() if k != "__metadata__"), None)
-        return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(dtype, dtype)
+        return None if stored == "GUESSED" else {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(stored, stored)
 
     def hparams(self) -> dict[str, Any]:
         return mapping.from_hf_config(self.config)

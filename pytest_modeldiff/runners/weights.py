@@ -29,8 +29,4 @@ class WeightsRunner(Runner):
         self.require_model()
 
     def quant_type(self) -> str:
-        """The storage type holding most elements ("F32", "BF16", ...)."""
-        counts: dict[str, int] = {}
-        for meta in self.reader.tensors.values():
-            counts[meta.type_name] = counts.get(meta.type_name, 0) + meta.n_elements
-        return max(counts, key=counts.get) if counts else "GUESSED"
+        return self.reader.dominant_type()
