@@ -36,6 +36,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--topk-max", "--modeldiff-topk-max", type=int, metavar="K")
     p.add_argument("--device", "--modeldiff-device", choices=("cpu", "cuda"))
     p.add_argument("--threads", type=int)
+    p.add_argument("--markdown", "--modeldiff-markdown", type=Path, metavar="PATH")
+    p.add_argument("--html", "--modeldiff-html", type=Path, metavar="PATH")
+    p.add_argument("--llama-perplexity-compat", "--modeldiff-llama-perplexity-compat", action="store_true",
+                   default=None, help="llama-perplexity's chunks, BOS and scored second half")
+    p.add_argument("--ref-cache", "--modeldiff-ref-cache", metavar="DIR|none",
+                   help="reference cache folder (default: $MODELDIFF_REF_CACHE, else ~/.cache/pytest-modeldiff/reference)")
     args = p.parse_args(argv)
     args.cand_model = args.cand_model or [env_cand]
     return args
@@ -50,7 +56,10 @@ def main(argv=None) -> int:
         eval_text=args.eval_text, eval_dataset=args.eval_dataset, eval_column=args.eval_column,
         eval_rows=args.eval_rows, eval_length=args.eval_length, device=args.device, threads=args.threads,
         dump_dir=args.dump_dir, ref_runner=args.ref_runner, cand_runner=args.cand_runner,
-        topk_max=args.topk_max).items() if v is not None}
+        topk_max=args.topk_max, llama_perplexity_compat=args.llama_perplexity_compat).items() if v is not None}
+    from .refcache import reference_cache_dir
+
+    given["ref_cache"] = reference_cache_dir(args.ref_cache)
     try:
         from .thresholds import Thresholds
 
@@ -64,6 +73,14 @@ def main(argv=None) -> int:
         report.write_json(args.json)
     if args.csv:
         report.write_csv(args.csv)
+    if args.markdown or args.html:
+        from .pages import write_html, write_markdown
+
+        data = report.to_json()
+        if args.markdown:
+            write_markdown(args.markdown, data)
+        if args.html:
+            write_html(args.html, data)
     if any(c.error for c in report):
         return 2
     return 0 if report.passed else 1

@@ -55,6 +55,7 @@ class CandidateReport:
 @dataclass
 class Report:
     candidates: dict[str, CandidateReport]
+    environment: dict = field(default_factory=dict)  # versions, settings, model hashes (ModelDiff.environment)
 
     @property
     def passed(self) -> bool:
@@ -73,7 +74,7 @@ class Report:
         from .report import to_json
 
         return to_json({c.name: (c.subject, c.results) for c in self if c.results},
-                       {c.name: c.error for c in self if c.error is not None})
+                       {c.name: c.error for c in self if c.error is not None}, self.environment)
 
     def write_json(self, path: str | Path) -> None:
         from .report import write_json
@@ -134,6 +135,6 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
                 continue
             limits = engine.thresholds.resolve(report.comparison.quant_class)
             report.results += [run_check(name, report.comparison, limits) for name in from_models]
-        return Report(out)
+        return Report(out, engine.environment())
     finally:
         engine.close()  # models and the reference spill file, also on Ctrl-C

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import mapping, metrics
+from . import klstats, mapping, metrics
 from .engine import TOPK_KEPT, Comparison, PositionStats, WeightComparison
 from .layers import EMBD, NORM, describe
 from .registry import CHECKS, HIGHER, WeightLimits
@@ -172,6 +172,7 @@ class LogitMetric:
     label: str
     aggregate: Callable[[PositionStats, int], float]
     per_position: Callable[[PositionStats], np.ndarray] | None  # for "worst positions"
+    next_token: bool = False  # uses the next token: only positions that have one count
 
 
 def topk_overlap_metric(k: int) -> LogitMetric:
@@ -190,15 +191,39 @@ LOGIT_METRICS = {
     "top10": topk_overlap_metric(10),
     "same_top": topk_agreement_metric(1, "same top-1"),
     "prob_mse": LogitMetric("probability MSE", lambda s, v: float(np.mean(s.prob_mse)), lambda s: s.prob_mse),
+    "kld_p99": LogitMetric("kld 99th percentile", lambda s, v: klstats.kld_percentile(s.kld, 0.99), lambda s: s.kld),
+    "ppl_ratio": LogitMetric("PPL(cand) / PPL(ref)", lambda s, v: klstats.ppl_ratio(s.ref_nll, s.cand_nll),
+                             lambda s: s.cand_nll - s.ref_nll, next_token=True),
+    "rms_dp": LogitMetric("RMS dp", lambda s, v: klstats.rms_dp(s.ref_nll, s.cand_nll),
+                          lambda s: np.abs(klstats.dp(s.ref_nll, s.cand_nll)), next_token=True),
 }
 
 
-def _scopes(stats: PositionStats) -> list[tuple[str, PositionStats]]:
-    """All positions, and the last position of each sequence (llama.cpp's single-vector view)."""
+def logit_metric_values(cmp: Comparison) -> dict[str, float]:
+    """Every logit metric over all compared positions (each next-token metric over those with a
+    next token), whichever checks were selected: the numbers reports and baselines keep."""
+    values = {}
+    if cmp.stats is None:
+        return values
+    for name, metric in LOGIT_METRICS.items():
+        scopes = _scopes(cmp.stats, metric.next_token)
+        if scopes:
+            values[name] = metric.aggregate(scopes[0][1], cmp.n_vocab)
+    return values
+
+
+def _scopes(stats: PositionStats, next_token: bool = False) -> list[tuple[str, PositionStats]]:
+    """All compared positions, and the last position of each sequence (llama.cpp's single-vector
+    view) when those are compared; metrics of the next token take the positions that have one."""
+    if next_token:
+        with_next = stats.select(stats.target >= 0)
+        return [(f"{len(with_next)} next tokens", with_next)] if len(with_next) else []
     last = stats.select(stats.is_last)
     n_seq = len(np.unique(stats.seq))
     if len(last) == len(stats):
         return [(f"last position of {n_seq} sequences", stats)]
+    if not len(last):  # llama-perplexity's scored positions stop before the last
+        return [(f"{len(stats)} scored positions", stats)]
     return [(f"all {len(stats)} positions", stats), (f"last position of {n_seq} sequences", last)]
 
 
@@ -216,8 +241,12 @@ def check_logits(name: str, cmp: Comparison, threshold: Threshold, metric: Logit
         return CheckResult(name, cmp.name, ERROR, reason=cmp.error, threshold=threshold)
     stats = cmp.stats
     symbol = ">=" if check.direction == HIGHER else "<="
+    scopes = _scopes(stats, metric.next_token)
+    if not scopes:
+        return CheckResult(name, cmp.name, SKIPPED, threshold=threshold, reason=(
+            "no position has a next token to predict (a last-position dump holds one row per prompt)"))
     result = CheckResult(name, cmp.name, PASSED, threshold=threshold)
-    for scope, subset in _scopes(stats):
+    for scope, subset in scopes:
         value = metric.aggregate(subset, cmp.n_vocab)
         ok = _passes(value, threshold.value, check.direction)
         result.rows.append(Row(f"{metric.label}, {scope}", fmt(value), f"{symbol} {fmt(threshold.value)}", ok))

@@ -16,7 +16,6 @@ candidate's llamacpp-* dump (``dump_in_folder``).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -85,14 +84,6 @@ class AllPositionsWriter:
         for f, suffix in ((self._logits, ".bin"), (self._tokens, "-tokens.bin")):
             f.close()
             self._tmp(suffix).unlink(missing_ok=True)
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def companion(path: Path, suffix: str) -> Path:

@@ -19,13 +19,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import dumps, evaldata, layers, metrics
+from . import dumps, evaldata, layers, metrics, refcache
+from .cache import files_sha256, locked
 from .errors import ModelDiffError, ModelDiffUsageError
+from .klstats import KLStats, kl_stats
 from .quality import Quality, measure_quality
 from .registry import quant_class
 from .runners import Runner, make_runner
 from .thresholds import Thresholds
 from .weightdiff import WeightDiff, compare_weights
+from .weightfiles import model_size
 
 TOPK_KEPT = 20  # top ids kept per position (at least): any top-k overlap/agreement with k <= 20
 
@@ -48,6 +51,8 @@ class Settings:
     stream_layers: bool = False  # per-layer comparison one layer at a time from the weight files
     checkpoint_dir: Path | None = None  # where streaming saves its progress (default: a cache dir)
     topk_max: int = 5  # top-K accuracy and agreement for K = 1..topk_max (exllamav2's --topk_max)
+    llama_perplexity_compat: bool = False  # llama-perplexity's chunks, BOS and scored second half
+    ref_cache: Path | None = None  # folder of reference caches (refcache.py); None: always run the reference
 
     def __post_init__(self):
         for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1), ("keep_layers", 0), ("topk_max", 1)):
@@ -55,6 +60,9 @@ class Settings:
             if value is not None and (not isinstance(value, int) or value < low):
                 option = f"--{'' if name.startswith('eval_') else 'modeldiff-'}{name.replace('_', '-')}"
                 raise ModelDiffUsageError(f"{option} must be an integer >= {low}, got {value!r}")
+        if self.llama_perplexity_compat and not (self.eval_text or self.eval_dataset):
+            raise ModelDiffUsageError("--modeldiff-llama-perplexity-compat evaluates a text like llama-perplexity's "
+                                      "-f FILE: give --eval-text FILE (or --eval-dataset)")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ModelDiffUsageError(f"--modeldiff-device: {self.device!r} is not cpu or cuda")
 
@@ -90,6 +98,7 @@ class PositionStats:
     cand_rank: np.ndarray  # (n_vocab for NaN/Inf candidate rows: never a hit)
     ref_nll: np.ndarray  # -log p(target), NaN without a target
     cand_nll: np.ndarray
+    ref_confidence: np.ndarray  # the reference's top-1 probability, max_i p_i
     kld: np.ndarray
     prob_mse: np.ndarray  # mean over the vocabulary of (p - q)^2
     max_abs: np.ndarray
@@ -124,6 +133,7 @@ class PositionStats:
         max_abs, max_abs_id = metrics.max_abs_diff(r, c)
         log_p, log_q = torch.log_softmax(r, -1), torch.log_softmax(c, -1)
         kld, prob_mse = metrics.kl_and_prob_mse(log_p, log_q)
+        ref_confidence = log_p.max(-1).values.exp().numpy()
         has = targets >= 0
         ref_rank, cand_rank = np.full(len(targets), -1), np.full(len(targets), -1)
         ref_nll, cand_nll = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
@@ -137,6 +147,7 @@ class PositionStats:
         return cls(
             seq=np.full(len(positions), seq), pos=positions, is_last=positions == n_tokens - 1,
             finite=finite, target=targets, ref_rank=ref_rank, cand_rank=cand_rank, ref_nll=ref_nll, cand_nll=cand_nll,
+            ref_confidence=ref_confidence,
             kld=np.where(finite, kld, np.nan), prob_mse=np.where(finite, prob_mse, np.nan),
             max_abs=np.where(finite, max_abs, np.nan), max_abs_id=max_abs_id,
             sse=sse, ref_sum=ref_sum, ref_sumsq=ref_sumsq,
@@ -174,6 +185,11 @@ class Pair:
     def name(self) -> str:
         return self.candidate.name
 
+    @cached_property
+    def size(self) -> dict | None:
+        """The candidate's weight files: bytes, parameters, bits per weight (None for a dump)."""
+        return model_size(self.candidate.path) if self.candidate.has_weights else None
+
 
 @dataclass
 class WeightComparison(Pair):
@@ -208,6 +224,15 @@ class Comparison(Pair):
     def quality(self) -> Quality | None:
         """Perplexity, top-K accuracy and agreement, probability MSE (None without logit metrics)."""
         return None if self.stats is None else measure_quality(self.stats, self.topk_max)
+
+    @cached_property
+    def kl_stats(self) -> KLStats | None:
+        """llama-perplexity's KL-divergence statistics over the positions with a next token
+        (None without logit metrics or without such positions)."""
+        if self.stats is None:
+            return None
+        s = self.stats.select(self.stats.target >= 0)
+        return kl_stats(s.ref_nll, s.cand_nll, s.kld, s.agreement(1), s.ref_confidence)
 
     def context(self, seq: int, pos: int, width: int = 6) -> str:
         """The last few input tokens up to ``pos`` of sequence ``seq``, decoded."""
@@ -262,13 +287,19 @@ class ModelDiff:
             recorded = dumps_among[0].fixed_sequences()  # the reference runs the recorded ids
         if recorded:
             return evaldata.EvalInput(
-                [(f"recorded {i}", seq.text) for i, seq in enumerate(recorded) if seq.text is not None],
-                [evaldata.EvalSequence(seq.ids, seq.text, f"recorded {i}") for i, seq in enumerate(recorded)])
+                [(seq.label or f"recorded {i}", seq.text) for i, seq in enumerate(recorded) if seq.text is not None],
+                [evaldata.EvalSequence(seq.ids, seq.text, seq.label or f"recorded {i}", seq.scored)
+                 for i, seq in enumerate(recorded)])
         t0 = time.perf_counter()
         ref.load_tokenizer()  # its tokenizer defines the evaluation ids
         self._ref_load_seconds = time.perf_counter() - t0
         vocab = ref.vocab()
         bos_id = vocab.special.get("bos") if vocab and vocab.add_bos else None
+        if s.llama_perplexity_compat:
+            source = s.eval_text or s.eval_dataset
+            text = (evaldata.read_text_file(s.eval_text) if s.eval_text else "\n\n".join(
+                evaldata.read_parquet_rows(s.eval_dataset, s.eval_column, 40 * s.eval_rows * s.eval_length)))
+            return evaldata.perplexity_input(text, ref.tokenize, s.eval_length, s.eval_rows, bos_id, source.name)
         if s.eval_dataset:
             rows = evaldata.read_parquet_rows(s.eval_dataset, s.eval_column, 40 * s.eval_rows * s.eval_length)
             return evaldata.dataset_input(rows, ref.tokenize, s.eval_rows, s.eval_length, bos_id, s.eval_dataset.name)
@@ -284,14 +315,43 @@ class ModelDiff:
 
     def _reference(self) -> "_ReferenceStore":
         if self._ref_store is None:
-            sequences = self.eval_input().sequences
-            self._ref_store = _ReferenceStore.run(self.reference, sequences,
-                                                  lambda: self._dump_writer(self.reference, self.reference.name),
-                                                  self.progress, hidden=self._in_memory_layers())
-            if self.settings.dump_dir and self.reference.dump_prefix:
+            dumping = bool(self.settings.dump_dir and self.reference.dump_prefix)
+            if self.settings.ref_cache and not dumping and self.reference.has_weights:
+                self._ref_store = self._cached_reference()
+            else:
+                self._ref_store = self._run_reference()
+            if dumping:
                 self._finish_dumps(self.reference, self._ref_store.writer, self._ref_store.last_row,
                                    self.reference.quant_type())
         return self._ref_store
+
+    def _run_reference(self) -> "_ReferenceStore":
+        return _ReferenceStore.run(self.reference, self.eval_input().sequences,
+                                   lambda: self._dump_writer(self.reference, self.reference.name),
+                                   self.progress, hidden=self._in_memory_layers())
+
+    def _cached_reference(self) -> "_ReferenceStore":
+        """The reference's outputs from the cache, else run and cached; one process at a time
+        per entry (file lock), so pytest-xdist workers compute it once."""
+        ref, sequences = self.reference, self.eval_input().sequences
+        path, model_hash = refcache.cache_path(self.settings.ref_cache, ref, sequences, self.settings.device)
+        need_hidden = self._in_memory_layers() and ref.gives_hidden
+        with locked(path):
+            entry = refcache.open_valid(path, need_hidden)
+            if entry is not None:
+                self.progress(f"reference {ref.name}: outputs from the cache {path}")
+                return _ReferenceStore.from_cache(entry, need_hidden)
+            store = self._run_reference()
+            try:
+                refcache.write_cache(path, refcache.header_for(ref, model_hash, self.settings.device), sequences,
+                                     store.rows, store.hidden if store.has_hidden else None)
+            finally:
+                store.close()
+            refcache.remove_stale(path, str(Path(ref.path).resolve()), model_hash)
+            self.progress(f"reference {ref.name}: outputs cached in {path}")
+            # compared from the cache like every later run, so the numbers do not depend on who wrote it
+            return _ReferenceStore.from_cache(refcache.ReferenceCache(path), need_hidden, load_seconds=store.load_seconds,
+                                              seconds=store.seconds)
 
     def _in_memory_layers(self) -> bool:
         return self.settings.layers and not self.settings.stream_layers
@@ -379,7 +439,7 @@ class ModelDiff:
         writer = self._dump_writer(cand, self._dump_name(cand))
         parts, cand_seconds, last_row = [], 0.0, None
         hidden = self._in_memory_layers() and self._layers_possible(cmp, ref_store)
-        acc = None
+        acc, pace = None, Pace(sequences)
         try:
             for i, seq in enumerate(sequences):
                 ref_hidden = ref_store.hidden(i) if hidden else None
@@ -392,9 +452,15 @@ class ModelDiff:
                     raise ModelDiffError(
                         f"vocabulary size mismatch: {cand.path} gives {cand_rows.shape[-1]} logits per "
                         f"position, {self.reference.path} gives {ref_rows.shape[-1]}")
-                n = min(len(cand_rows), len(ref_rows))  # a last-position dump holds one row
-                positions = np.arange(len(seq.ids) - n, len(seq.ids))
-                parts.append(PositionStats.measure(i, seq.ids, positions, ref_rows[-n:], cand_rows[-n:],
+                # the reference kept the rows at its compared positions; a last-position dump holds one row
+                ref_positions = ref_store.positions[i]
+                positions = np.intersect1d(ref_positions, seq.compared(len(cand_rows)))
+                if not len(positions):
+                    raise ModelDiffError(f"{cand.path}: its logits cover none of the compared positions of "
+                                         f"sequence {seq.label!r} (a last-position dump cannot be compared here)")
+                ref_at = positions - ref_positions[0]
+                cand_at = positions - (len(seq.ids) - len(cand_rows))
+                parts.append(PositionStats.measure(i, seq.ids, positions, ref_rows[ref_at], cand_rows[cand_at],
                                                    max(TOPK_KEPT, self.settings.topk_max)))
                 if hidden and cmp.layers_error is None:
                     acc = self._add_layers(cmp, acc, ref_hidden, fwd)
@@ -402,7 +468,7 @@ class ModelDiff:
                     writer.add(cand_rows, seq.ids, seq.text)
                 if i == 0:
                     last_row = cand_rows[-1]
-                self.progress(f"{cand.name}: sequence {i + 1}/{len(sequences)}")
+                self.progress(f"{cand.name}: {pace.step(len(seq.ids))}")
         except ModelDiffError as exc:
             cmp.error = str(exc)
             if writer:
@@ -476,10 +542,25 @@ class ModelDiff:
                                   last_row, first.ids, first.text)
         writer.finish(len(last_row), {
             "model": str(runner.path), "runner": runner.kind, "quant_type": qtype,
-            "model_files_sha256": {str(p): dumps.file_sha256(p) for p in runner.files()},
+            "model_files_sha256": {str(p): files_sha256([p]) for p in runner.files()},
             "versions": {"python": platform.python_version(), "numpy": np.__version__, **runner.versions()},
             "settings": self.settings.describe(),
         })
+
+    def environment(self) -> dict:
+        """What produced the numbers: library versions, settings, the models' file hashes."""
+        import importlib.metadata
+
+        runners = [self.reference, *self.candidates.values()]
+        versions = {"python": platform.python_version(), "numpy": np.__version__,
+                    "pytest-modeldiff": importlib.metadata.version("pytest-modeldiff")}
+        for runner in runners:
+            versions.update(runner.versions())
+        where = ("dump_dir", "checkpoint_dir", "ref_cache")  # where outputs go, not what was computed
+        settings = {k: v for k, v in self.settings.describe().items() if k not in where}
+        return {"versions": versions, "settings": settings,
+                "models_sha256": {"reference": files_sha256(self.reference.files()),
+                                  **{key: files_sha256(r.files()) for key, r in self.candidates.items()}}}
 
     def close(self) -> None:
         for runner in [self.reference, *self.candidates.values()]:
@@ -488,12 +569,29 @@ class ModelDiff:
             self._ref_store.close()
 
 
+class Pace:
+    """Progress of a pass over the sequences: "sequence 3/8, 412 tokens/s, ETA 0:12"."""
+
+    def __init__(self, sequences):
+        self.total, self.count = len(sequences), 0
+        self.tokens_left = sum(len(seq.ids) for seq in sequences)
+        self.tokens_done, self.started = 0, time.perf_counter()
+
+    def step(self, tokens: int) -> str:
+        self.count += 1
+        self.tokens_done, self.tokens_left = self.tokens_done + tokens, self.tokens_left - tokens
+        rate = self.tokens_done / max(time.perf_counter() - self.started, 1e-9)
+        eta = int(round(self.tokens_left / rate)) if rate > 0 else 0
+        return f"sequence {self.count}/{self.total}, {rate:.0f} tokens/s, ETA {eta // 60}:{eta % 60:02d}"
+
+
 class _ReferenceStore:
     """The reference's logits (and hidden states) for every sequence, so several candidates reuse
     one reference pass."""
 
     def __init__(self):
-        self.logits = _Rows()
+        self.logits = _Rows()  # per sequence: the rows at its compared positions
+        self.positions: list[np.ndarray] = []
         self.states = _Rows()
         self.has_hidden = False
         self.depth = (0, 0)  # (decoder layers, width) of the hidden states
@@ -502,6 +600,7 @@ class _ReferenceStore:
         self.load_seconds = 0.0
         self.writer = None
         self.last_row = None
+        self.cache: refcache.ReferenceCache | None = None  # outputs read from a cache entry instead
 
     @classmethod
     def run(cls, runner: Runner, sequences, make_writer, progress, hidden: bool = False) -> "_ReferenceStore":
@@ -511,6 +610,7 @@ class _ReferenceStore:
         runner.load(max(len(seq.ids) for seq in sequences))
         store.load_seconds = time.perf_counter() - t0
         store.writer = writer = make_writer()  # only once the model loaded: no stray .tmp on failure
+        pace = Pace(sequences)
         try:
             for i, seq in enumerate(sequences):
                 t0 = time.perf_counter()
@@ -523,7 +623,11 @@ class _ReferenceStore:
                         f"{runner.path}: the reference produced NaN/Inf logits at {int(bad.sum())} positions "
                         f"(first: sequence {i}, position {int(np.argmax(bad))}); the reference itself is broken")
                 store.n_vocab = logits.shape[-1]
-                store.logits.add(np.asarray(logits, dtype=np.float32))
+                # rows from the first compared position to the end (a cache can stand for this runner)
+                compared = seq.compared(len(logits))
+                first = int(compared[0]) if len(compared) else len(seq.ids) - 1
+                store.positions.append(np.arange(first, len(seq.ids)))
+                store.logits.add(np.asarray(logits[first - (len(seq.ids) - len(logits)):], dtype=np.float32))
                 if hidden:  # kept as (n_states * n_tokens, n_embd) rows
                     store.depth = layers.depth(fwd.hidden)
                     store.states.add(fwd.hidden.reshape(-1, fwd.hidden.shape[-1]))
@@ -531,7 +635,7 @@ class _ReferenceStore:
                     writer.add(logits, seq.ids, seq.text)
                 if i == 0:
                     store.last_row = np.array(logits[-1])
-                progress(f"reference {runner.name}: sequence {i + 1}/{len(sequences)}")
+                progress(f"reference {runner.name}: {pace.step(len(seq.ids))}")
         except BaseException:
             if writer:
                 writer.abort()
@@ -541,11 +645,28 @@ class _ReferenceStore:
         store.states.finish()
         return store
 
+    @classmethod
+    def from_cache(cls, entry: "refcache.ReferenceCache", hidden: bool, load_seconds: float = 0.0,
+                   seconds: float = 0.0) -> "_ReferenceStore":
+        store = cls()
+        store.load_seconds, store.seconds = load_seconds, seconds
+        store.cache = entry
+        store.n_vocab = entry.header["n_vocab"]
+        store.positions = [np.arange(s["first"], len(s["ids"])) for s in entry.sequences]
+        store.has_hidden = hidden and entry.has_hidden
+        if store.has_hidden:
+            n_states, _, width = entry.sequences[0]["hidden_shape"]
+            store.depth = (n_states - 2, width)
+        return store
+
     def rows(self, i: int) -> np.ndarray:
-        return self.logits[i]
+        """Sequence i's logits from its first compared position to its end."""
+        return self.cache.logits(i) if self.cache is not None else self.logits[i]
 
     def hidden(self, i: int) -> np.ndarray:
         """(n_states, n_tokens, n_embd) of sequence i."""
+        if self.cache is not None:
+            return self.cache.hidden(i)
         n_layers, width = self.depth
         return np.asarray(self.states[i]).reshape(n_layers + 2, -1, width)
 

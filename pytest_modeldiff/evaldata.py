@@ -35,6 +35,14 @@ class EvalSequence:
     ids: list[int]  # reference-tokenizer ids fed to both models
     text: str | None = None
     label: str = ""
+    scored: tuple[int, int] | None = None  # compared positions [start, stop); None: every position
+
+    def compared(self, n_rows: int):
+        """Positions whose logits are compared when a runner returned the last ``n_rows`` rows."""
+        import numpy as np
+
+        start, stop = self.scored or (0, len(self.ids))
+        return np.arange(max(start, len(self.ids) - n_rows), stop)
 
 
 @dataclass
@@ -115,6 +123,26 @@ def dataset_input(texts: list[str], tokenize: Callable[[str], list[int]], rows: 
     if not sequences:
         raise ModelDiffError(f"{label}: too little text for one sequence of {length} tokens")
     return EvalInput([(label, "\n\n".join(texts[:used])[: 40 * rows * length])], sequences)
+
+
+def perplexity_input(text: str, tokenize: Callable[[str], list[int]], n_ctx: int, max_chunks: int,
+                     bos_id: int | None, label: str) -> EvalInput:
+    """llama-perplexity's layout (tools/perplexity, perplexity() and kl_divergence()): the whole
+    text tokenized once with BOS as the model adds it, cut into chunks of n_ctx tokens, each
+    chunk's first token replaced by BOS when the model adds one, and only positions
+    n_ctx/2 .. n_ctx-2 scored (each predicts the next token: 255 per chunk at n_ctx 512)."""
+    ids = tokenize(text)
+    n_chunks = min(max_chunks, len(ids) // n_ctx)
+    if len(ids) < 2 * n_ctx:
+        raise ModelDiffError(f"{label}: llama-perplexity needs at least {2 * n_ctx} tokens for a context of {n_ctx} "
+                             f"(--eval-length); the text gives {len(ids)}")
+    sequences = []
+    for chunk in range(n_chunks):
+        part = ids[chunk * n_ctx:(chunk + 1) * n_ctx]
+        if bos_id is not None:
+            part = [bos_id] + part[1:]
+        sequences.append(EvalSequence(part, None, f"{label} chunk {chunk}", scored=(n_ctx // 2, n_ctx - 1)))
+    return EvalInput([(label, text[: 40 * n_chunks * n_ctx])], sequences)
 
 
 def chunked_input(text: str, tokenize: Callable[[str], list[int]], rows: int, length: int,

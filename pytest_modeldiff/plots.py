@@ -62,3 +62,82 @@ def _log_axes(title: str, names: list[str], values: list, x_label: str, bars: bo
         out.append(f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(names[i])}</text>')
     out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 22}" text-anchor="middle">{escape(x_label)}</text>')
     return out, x, y
+
+
+def histogram_svg(title: str, edges: list[float], counts: list[int], x_label: str) -> str:
+    """One bar per non-empty bin of log-spaced ``edges`` (log x axis, linear count axis): the
+    per-token KLD histogram."""
+    low, high = _decades(edges)
+    x = lambda v: LEFT + (WIDTH - LEFT - RIGHT) * (math.log10(v) - low) / (high - low)
+    step = _nice_step(max(counts, default=0))
+    top = step * max(1, math.ceil(max(counts, default=0) / step))
+    y = lambda n: HEIGHT - BOTTOM - (HEIGHT - TOP - BOTTOM) * n / top
+    out = _head(title)
+    for k in range(round(top / step) + 1):  # count grid lines
+        level = y(k * step)
+        out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{level:.1f}" y2="{level:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{level + 4:.1f}" text-anchor="end">{k * step:g}</text>')
+    out += _decade_labels(low, high, x)
+    for a, b, n in zip(edges, edges[1:], counts):
+        if n > 0:
+            out.append(f'<rect class="bar" x="{x(a):.1f}" y="{y(n):.1f}" width="{max(x(b) - x(a) - 1, 1):.1f}" '
+                       f'height="{y(0) - y(n):.1f}" fill="#2471a3"><title>[{a:.3g}, {b:.3g}): {n}</title></rect>')
+    out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 22}" text-anchor="middle">{escape(x_label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def scatter_svg(title: str, points: list[tuple[str, float, float]], x_label: str, y_label: str) -> str:
+    """One labelled dot per (label, x, y) on log-log axes: model size against its error."""
+    points = [(label, a, b) for label, a, b in points if 0 < a < math.inf and 0 < b < math.inf]  # NaN fails too
+    (x_low, x_high), (y_low, y_high) = _decades([a for _, a, _ in points]), _decades([b for _, _, b in points])
+    x = lambda v: LEFT + (WIDTH - LEFT - RIGHT) * (math.log10(v) - x_low) / (x_high - x_low)
+    y = lambda v: HEIGHT - BOTTOM - (HEIGHT - TOP - BOTTOM) * (math.log10(v) - y_low) / (y_high - y_low)
+    out = _head(title)
+    for e in range(y_low, y_high + 1):  # decade grid lines
+        level = y(10.0 ** e)
+        out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{level:.1f}" y2="{level:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{level + 4:.1f}" text-anchor="end">1e{e}</text>')
+    out += _decade_labels(x_low, x_high, x)
+    for label, a, b in points:
+        out.append(f'<circle class="point" cx="{x(a):.1f}" cy="{y(b):.1f}" r="4" fill="#c0392b">'
+                   f'<title>{escape(label)}: {a:.4g}, {b:.4g}</title></circle>')
+        right = x(a) < WIDTH * 0.6  # labels on the right half go left of their dot, inside the plot
+        out.append(f'<text x="{x(a) + (7 if right else -7):.1f}" y="{y(b) + 4:.1f}" '
+                   f'text-anchor="{"start" if right else "end"}">{escape(label)}</text>')
+    out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 22}" text-anchor="middle">{escape(x_label)}</text>')
+    out.append(f'<text x="14" y="{(HEIGHT - BOTTOM + TOP) / 2}" text-anchor="middle" '
+               f'transform="rotate(-90 14 {(HEIGHT - BOTTOM + TOP) / 2})">{escape(y_label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _head(title: str) -> list[str]:
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
+            f'<title>{escape(title)}</title>',
+            f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="13">{escape(title)}</text>']
+
+
+def _decades(values: list[float]) -> tuple[int, int]:
+    """The whole decades spanning the positive values (at least one)."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    low = math.floor(math.log10(min(finite, default=1.0)))
+    return low, max(math.ceil(math.log10(max(finite, default=1.0))), low + 1)
+
+
+def _decade_labels(low: int, high: int, x) -> list[str]:
+    """Tick labels under a log x axis, thinned to at most about 12."""
+    step = max(1, (high - low) // 12 + 1)
+    return [f'<text x="{x(10.0 ** e):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">1e{e}</text>'
+            for e in range(low, high + 1, step)]
+
+
+def _nice_step(top: float) -> float:
+    """A 1-2-5 grid step giving about four lines up to ``top``."""
+    if top <= 0:
+        return 1
+    raw = top / 4
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    return max(step, 1)  # counts are integers

@@ -48,7 +48,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="per-layer comparison one decoder layer at a time from the weight files (models larger than RAM)")
     group.addoption("--modeldiff-checkpoint-dir", metavar="DIR",
                     help="where --modeldiff-stream-layers saves its progress (default: ~/.cache/pytest-modeldiff/stream)")
+    group.addoption("--modeldiff-llama-perplexity-compat", action="store_true", default=None,
+                    help="llama-perplexity's layout: --eval-text cut into --eval-length (n_ctx) chunks, BOS first, "
+                         "the second half scored, so the statistics match its --kl-divergence output")
+    group.addoption("--modeldiff-markdown", metavar="PATH",
+                    help="write a Markdown report (also appended to $GITHUB_STEP_SUMMARY when that is set)")
+    group.addoption("--modeldiff-html", metavar="PATH", help="write a self-contained HTML report with tables and plots")
+    group.addoption("--modeldiff-save-baseline", metavar="FILE", help="save every metric, model hashes and versions")
+    group.addoption("--modeldiff-baseline", metavar="FILE",
+                    help="compare with a saved baseline: one baseline item per candidate (see --modeldiff-compare-fail)")
+    group.addoption("--modeldiff-compare-fail", metavar="METRIC:TOL", nargs="+", action="extend", default=[],
+                    help="fail the baseline item when METRIC got worse than the baseline by more than TOL "
+                         "(absolute, or a percentage of the baseline: kld:10%% ppl_ratio:0.002)")
+    group.addoption("--modeldiff-ref-cache", metavar="DIR|none",
+                    help="reuse the reference's outputs from this cache folder (default: $MODELDIFF_REF_CACHE, "
+                         "else ~/.cache/pytest-modeldiff/reference; 'none' turns it off)")
     parser.addini("modeldiff_thresholds", "KEY=VALUE thresholds, one per line", type="linelist", default=[])
+    parser.addini("modeldiff_markdown", "default for --modeldiff-markdown", default="")
+    parser.addini("modeldiff_html", "default for --modeldiff-html", default="")
+    parser.addini("modeldiff_compare_fail", "default for --modeldiff-compare-fail", default="")
     parser.addini("modeldiff_checks", "built-in checks to run (comma-separated, or none)", default="")
     parser.addini("modeldiff_dump_dir", "default for --modeldiff-dump-dir", default="")
     parser.addini("modeldiff_json", "default for --modeldiff-json", default="")
@@ -89,13 +107,17 @@ class _State:
         self.engine = engine
         self.checks = checks
         self.errors: dict[str, str] = {}  # candidate key -> why it could not be compared
+        self.baseline: dict | None = None  # --modeldiff-baseline's content
+        self.tolerances: list = []  # --modeldiff-compare-fail
         self._results: dict[tuple[str, str], object] = {}  # (candidate key, check) -> CheckResult
         self._last_progress = 0.0
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "_State":
+        from .baseline import load_baseline, parse_tolerances
         from .engine import ModelDiff, Settings
-        from .errors import ModelDiffError
+        from .errors import ModelDiffError, ModelDiffUsageError
+        from .refcache import reference_cache_dir
         from .thresholds import Thresholds
 
         def opt(name: str, ini: str | None = None, cast=str, is_path=False):
@@ -140,6 +162,8 @@ class _State:
                 stream_layers=bool(config.getoption("--modeldiff-stream-layers")),
                 checkpoint_dir=opt("--modeldiff-checkpoint-dir", is_path=True),
                 topk_max=given(opt("--modeldiff-topk-max", cast=int), Settings.topk_max),
+                llama_perplexity_compat=bool(config.getoption("--modeldiff-llama-perplexity-compat")),
+                ref_cache=reference_cache_dir(config.getoption("--modeldiff-ref-cache")),
             )
             if settings.device.startswith("cuda"):
                 import torch
@@ -147,6 +171,12 @@ class _State:
                 if not torch.cuda.is_available():
                     raise ModelDiffError(f"--modeldiff-device cuda: torch {torch.__version__} sees no CUDA device; use cpu")
             state = cls(config, None, checks)
+            state.tolerances = parse_tolerances(config.getoption("--modeldiff-compare-fail")
+                                                or [config.getini("modeldiff_compare_fail")])
+            baseline = config.getoption("--modeldiff-baseline")
+            if state.tolerances and not baseline:
+                raise ModelDiffUsageError("--modeldiff-compare-fail needs --modeldiff-baseline FILE to compare with")
+            state.baseline = load_baseline(Path(baseline)) if baseline else None
             thresholds = Thresholds(config.getoption("--modeldiff-threshold"), config.getini("modeldiff_thresholds"))
             state.engine = ModelDiff(ref, candidates, settings, thresholds, state.progress)
         except ModelDiffError as exc:
@@ -226,6 +256,7 @@ class ModelDiffItem(pytest.Item):
         state = self.config.stash[_STATE]
         cmp = state.subject(self.candidate, self.check)
         result = state.result(self.candidate, self.check)
+        self.user_properties += junit_properties(result, cmp)
         if result.status == SKIPPED:
             pytest.skip(f"modeldiff {self.check}: {result.reason}")
         if result.status == ERROR:
@@ -242,6 +273,58 @@ class ModelDiffItem(pytest.Item):
         return self.path, None, f"modeldiff[{self.candidate}]::{self.check}"
 
 
+def junit_properties(result, cmp) -> list[tuple[str, object]]:
+    """What --junitxml records for a check item: its value, threshold and status, and on the kld
+    item llama-perplexity's headline statistics."""
+    props = [("modeldiff_candidate", cmp.name), ("modeldiff_status", result.status)]
+    if result.value is not None:
+        props.append((f"modeldiff_{result.name}", result.value))
+    if result.threshold is not None and isinstance(result.threshold.value, float):
+        props.append((f"modeldiff_{result.name}_threshold", result.threshold.value))
+    kl = getattr(cmp, "kl_stats", None) if result.name == "kld" and cmp.stats is not None else None
+    if kl is not None:
+        props += [(f"modeldiff_{key}", getattr(kl, key)) for key in
+                  ("ppl_ref", "ppl_cand", "ppl_ratio", "kld_mean", "same_top", "rms_dp")]
+        props.append(("modeldiff_kld_p99", kl.kld["p99"]))
+    return props
+
+
+class ModelDiffBaselineFailed(ModelDiffCheckFailed):
+    pass
+
+
+class ModelDiffBaselineItem(ModelDiffItem):
+    """The candidate's metrics against --modeldiff-baseline, with --modeldiff-compare-fail's tolerances."""
+
+    def runtest(self) -> None:
+        import warnings
+
+        from .baseline import candidate_metrics, compare, environment_differences
+        from .report import baseline_message, to_json
+
+        state = self.config.stash[_STATE]
+        then = state.baseline["candidates"].get(self.candidate)
+        if then is None:
+            pytest.skip(f"modeldiff baseline: {self.candidate} is not in the baseline "
+                        f"(it holds {', '.join(state.baseline['candidates']) or 'no candidate'})")
+        cmp = state.comparison(self.candidate)
+        report = to_json({self.candidate: (cmp, [state.result(self.candidate, c) for c in state.checks])},
+                         environment=state.engine.environment())
+        differences = environment_differences(report["environment"], state.baseline.get("environment", {}))
+        if differences:
+            warnings.warn(ModelDiffEnvironmentWarning(
+                f"modeldiff baseline: the environment differs from the baseline's: {'; '.join(differences[:8])}"))
+        changes = compare(candidate_metrics(report["candidates"][0]), then["metrics"], state.tolerances)
+        for change in changes:
+            self.user_properties.append((f"modeldiff_baseline_{change.metric}", change.baseline))
+        if not all(c.passed for c in changes):
+            raise ModelDiffBaselineFailed(baseline_message(cmp, changes, state.baseline, differences))
+
+
+class ModelDiffEnvironmentWarning(pytest.PytestWarning):
+    """The baseline was recorded with other library versions, settings or model files."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k/-m deselection sees the item list
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     state = config.stash.get(_STATE, None)
@@ -253,6 +336,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                                 path=runner.path.resolve())
         items.extend(ModelDiffItem.from_parent(parent, name=check, candidate=key, check=check)
                      for check in state.checks)
+        if state.baseline is not None:
+            items.append(ModelDiffBaselineItem.from_parent(parent, name="baseline", candidate=key, check="baseline"))
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list) -> str | None:
@@ -347,7 +432,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     state = config.stash.get(_STATE, None)
     if state is None or not (state.engine.computed() or state.engine.computed_weights() or state.errors):
         return
-    from .report import summary, to_json, write_csv, write_json, write_layer_plots
+    from .baseline import baseline_from_report
+    from .pages import markdown_report, write_html
+    from .report import _write_atomic, candidate_table, summary, to_json, write_csv, write_json, write_layer_plots
 
     results = _all_results(state)
     terminalreporter.section("modeldiff summary (built-in checks; thresholds from CLI > ini > default)")
@@ -357,14 +444,35 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line("")
     for key, message in state.errors.items():
         terminalreporter.write_line(f"{key}: not compared: {message}", red=True)
-    data = to_json(results, state.errors)
-    json_path = config.getoption("--modeldiff-json") or config.getini("modeldiff_json")
-    if json_path:
-        write_json(Path(json_path), data)
-        terminalreporter.write_line(f"modeldiff: JSON report written to {os.path.abspath(json_path)}")
-        for plot in write_layer_plots(results, Path(json_path)):
+    data = to_json(results, state.errors, state.engine.environment())
+    if any(c.get("kl_stats") for c in data["candidates"]):
+        terminalreporter.write_line("candidates (KL columns: llama-perplexity's statistics over the next tokens):")
+        for line in candidate_table(data):
+            terminalreporter.write_line(line)
+
+    def written(option: str, ini: str | None, kind: str, write) -> None:
+        path = config.getoption(option) or (config.getini(ini) if ini else None)
+        if path:
+            write(Path(path), data)
+            terminalreporter.write_line(f"modeldiff: {kind} written to {os.path.abspath(path)}")
+
+    def json_and_plots(path: Path, data: dict) -> None:
+        write_json(path, data)
+        for plot in write_layer_plots(results, path):
             terminalreporter.write_line(f"modeldiff: per-layer plot written to {os.path.abspath(plot)}")
-    csv_path = config.getoption("--modeldiff-csv") or config.getini("modeldiff_csv")
-    if csv_path:
-        write_csv(Path(csv_path), data)
-        terminalreporter.write_line(f"modeldiff: CSV report written to {os.path.abspath(csv_path)}")
+
+    def markdown(path: Path, data: dict) -> None:
+        text = markdown_report(data)
+        _write_atomic(path, text)
+        if os.environ.get("GITHUB_STEP_SUMMARY"):  # GitHub Actions shows it on the run's page
+            with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as summary_file:
+                summary_file.write(text + "\n")
+
+    def baseline(path: Path, data: dict) -> None:
+        write_json(path, baseline_from_report(data))
+
+    written("--modeldiff-json", "modeldiff_json", "JSON report", json_and_plots)
+    written("--modeldiff-csv", "modeldiff_csv", "CSV report", write_csv)
+    written("--modeldiff-markdown", "modeldiff_markdown", "Markdown report", markdown)
+    written("--modeldiff-html", "modeldiff_html", "HTML report", write_html)
+    written("--modeldiff-save-baseline", None, "baseline", baseline)

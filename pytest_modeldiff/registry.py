@@ -33,6 +33,11 @@ llama.cpp's published LLaMA-3-8B figures are in ../shared/REFERENCE.md section 4
   its f16 3e-13. Top-K accuracy drop (max over K = 1..5; one flipped position is 0.001 there,
   0.0025 on the built-in prompts): f32/f16 0, q8_0 0.004, q6_K 0.001, q4_K_M 0.010, q4_0 0.029,
   q2_K 0.044; its defaults allow a few flips more than that noise.
+- kld_p99, ppl_ratio, rms_dp (llama-perplexity's statistics) are set from the same SmolLM2 run
+  (next tokens of 4 x 256): kld_p99 f32 1e-5, f16 3e-5, q8_0 0.037, q6_K 0.086, q4_K_M 0.53, q4_0
+  2.7, q2_K 2.5; PPL ratio 0.9999, 1.0003, 0.988, 1.002, 1.048, 1.22, 1.29 (LLaMA-3-8B q8_0 1.0004,
+  q4_K_M 1.028); RMS dp 3e-4, 5e-4, 0.018, 0.024, 0.065, 0.13, 0.17. Defaults are 2-3x those of the
+  type that defines the class (q4: q4_K_M, so q4_0 fails ppl_ratio and kld_p99 as it fails kld).
 - weights: each tensor is judged against the usual error of its own storage type (TENSOR_TYPE_ERROR
   below), so the F32 norms of a Q4_K_M file must be exact while its Q4_K matrices may move ~7 %.
 """
@@ -148,6 +153,24 @@ CHECKS: dict[str, Check] = {
             _by_class(0.97, 0.97, 0.95, 0.9, 0.85, 0.75, 0.55, 0.45, 0.25),
         ),
         Check(
+            "kld_p99",
+            "99th percentile of KL(ref || cand) over positions (llama-perplexity's 99.0% KLD), nats",
+            LOWER,
+            _by_class(1e-3, 1e-3, 5e-3, 0.1, 0.25, 0.6, 1.5, 3.0, 6.0),
+        ),
+        Check(
+            "ppl_ratio",
+            "PPL(cand) / PPL(ref) on the next tokens (llama-perplexity's Mean PPL(Q)/PPL(base))",
+            LOWER,
+            _by_class(1.002, 1.002, 1.005, 1.02, 1.03, 1.06, 1.15, 1.3, 1.6),
+        ),
+        Check(
+            "rms_dp",
+            "RMS of dp = q(next) - p(next), the next token's probability change (llama-perplexity's RMS Δp)",
+            LOWER,
+            _by_class(0.002, 0.002, 0.01, 0.04, 0.05, 0.08, 0.15, 0.25, 0.35),
+        ),
+        Check(
             "prob_mse",
             "mean (softmax(cand) - softmax(ref))^2 over positions and vocabulary (exllamav2's MSE)",
             LOWER,
@@ -177,6 +200,7 @@ RUNNERS = {
     "gguf-torch": "pytest_modeldiff.runners.gguf_torch:GGUFTorchRunner",
     "dump": "pytest_modeldiff.runners.dump:DumpRunner",
     "weights": "pytest_modeldiff.runners.weights:WeightsRunner",
+    "refcache": "pytest_modeldiff.runners.refcache:RefCacheRunner",
 }
 
 # llama.cpp's model-conversion scripts name the two models by environment variable; they are the

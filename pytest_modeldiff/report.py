@@ -9,8 +9,10 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt
+from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt, logit_metric_values
 from .engine import Comparison, Pair
+from .klstats import kld_histogram
+from .weightfiles import model_size
 
 
 def table(rows: Iterable[Row]) -> list[str]:
@@ -77,6 +79,19 @@ def quality_table(cmp: Comparison) -> list[str]:
     return _aligned(lines)
 
 
+def kl_summary(cmp: Pair) -> list[str]:
+    """llama-perplexity's headline statistics in three lines (the full ladder is in the reports)."""
+    s = getattr(cmp, "kl_stats", None)
+    if s is None:
+        return []
+    return [f"llama-perplexity statistics over {s.tokens} next tokens: PPL(Q) {s.ppl_cand:.4f} ± {s.ppl_cand_se:.4f}, "
+            f"PPL(base) {s.ppl_ref:.4f} ± {s.ppl_ref_se:.4f}, PPL(Q)/PPL(base) {s.ppl_ratio:.5f} ± {s.ppl_ratio_se:.5f}",
+            f"  KLD mean {fmt(s.kld_mean)} ± {fmt(s.kld_se)}, median {fmt(s.kld['median'])}, p99 {fmt(s.kld['p99'])}, "
+            f"max {fmt(s.kld['max'])}",
+            f"  same top {100 * s.same_top:.3f} ± {100 * s.same_top_se:.3f} %, RMS Δp {100 * s.rms_dp:.3f} ± "
+            f"{100 * s.rms_dp_se:.3f} %"]
+
+
 def verdict(result: CheckResult, cmp: Comparison) -> str:
     word = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED", "error": "ERROR"}[result.status]
     return (f"modeldiff {result.name} {word}: {cmp.candidate.path.name} ({cmp.candidate.kind}, "
@@ -103,6 +118,22 @@ def failure_message(result: CheckResult, cmp: Comparison) -> str:
     return "\n".join(lines)
 
 
+def baseline_message(cmp: Pair, changes: list, baseline: dict, differences: list[str]) -> str:
+    """The baseline item's failure: which metrics got worse than the baseline, by how much."""
+    worse = [c.metric for c in changes if not c.passed]
+    lines = [f"modeldiff baseline FAILED: {cmp.candidate.path.name} got worse than the baseline "
+             f"({baseline.get('created', '?')}) in {', '.join(worse)}",
+             *_aligned([("metric", "baseline", "now", "worse by", "allowed", "status"),
+                        *((c.metric, fmt(c.baseline), fmt(c.current), fmt(c.worse_by), f"<= {fmt(c.allowed)} ({c.tolerance})",
+                           "ok" if c.passed else "FAIL") for c in changes)])]
+    if differences:
+        lines += ["the environment differs from the baseline's (numbers may move a little for that alone):",
+                  *(f"  {d}" for d in differences[:10])]
+    lines.append("hint: if the change is intended, record a new baseline with --modeldiff-save-baseline; a metric "
+                 "missing on one side (nan) was not computed there - select its check with --modeldiff-checks")
+    return "\n".join(lines)
+
+
 def summary(cmp: Pair, results: list[CheckResult]) -> list[str]:
     """One table per candidate for the terminal summary (``cmp`` is a WeightComparison when only
     the weights were compared)."""
@@ -118,7 +149,7 @@ def summary(cmp: Pair, results: list[CheckResult]) -> list[str]:
         else:
             rows.append(Row(r.name, f"{sum(x.passed for x in r.rows)}/{len(r.rows)} equal", "all equal",
                             r.status != FAILED))
-    lines = [head, *table(rows), *quality_table(cmp)]
+    lines = [head, *table(rows), *quality_table(cmp), *kl_summary(cmp)]
     for r in results:
         if "layers" in r.extra:
             lines += [f"per-layer rfn ({r.extra['source']}):", *layer_table(r)]
@@ -127,19 +158,31 @@ def summary(cmp: Pair, results: list[CheckResult]) -> list[str]:
     return lines
 
 
-def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict[str, str] | None = None) -> dict:
-    """Every compared candidate's checks; candidates that could not be compared carry "error"."""
-    out = {"format": "pytest-modeldiff report v1", "candidates": []}
+def reference_size(cmp: Pair) -> dict | None:
+    return model_size(cmp.reference.path) if cmp.reference.has_weights else None
+
+
+def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict[str, str] | None = None,
+            environment: dict | None = None) -> dict:
+    """Every compared candidate's checks, metrics (whichever checks ran), llama-perplexity's KL
+    statistics, KLD histogram and size; candidates that could not be compared carry "error".
+    ``environment`` (ModelDiff.environment()) records versions, settings and model hashes."""
+    out = {"format": "pytest-modeldiff report v2", "environment": environment or {}, "candidates": []}
     for cmp, results in comparisons.values():
-        ran = isinstance(cmp, Comparison)  # else only the weight files were compared
-        out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
-                            "quant_type": cmp.reference.quant_type()}
+        ran = isinstance(cmp, Comparison) and cmp.stats is not None  # else no model ran
+        if "reference" not in out:
+            out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
+                                "quant_type": cmp.reference.quant_type(), "size": reference_size(cmp)}
         out["candidates"].append({
             "name": cmp.name, "path": str(cmp.candidate.path), "runner": cmp.candidate.kind,
-            "quant_type": cmp.quant_type, "quant_class": cmp.quant_class,
-            "positions": len(cmp.stats) if ran and cmp.stats is not None else 0,
-            "sequences": len(cmp.eval.sequences) if ran else 0, "timings": cmp.timings if ran else {},
-            "quality": cmp.quality.to_dict() if ran and cmp.quality is not None else None,
+            "quant_type": cmp.quant_type, "quant_class": cmp.quant_class, "size": cmp.size,
+            "positions": len(cmp.stats) if ran else 0,
+            "sequences": len(cmp.eval.sequences) if isinstance(cmp, Comparison) else 0,
+            "timings": cmp.timings if isinstance(cmp, Comparison) else {},
+            "quality": cmp.quality.to_dict() if ran else None,
+            "metrics": logit_metric_values(cmp) if ran else {},
+            "kl_stats": cmp.kl_stats.to_dict() if ran and cmp.kl_stats is not None else None,
+            "kld_histogram": kld_histogram(cmp.stats.kld) if ran else None,
             "checks": [{
                 "name": r.name, "status": r.status, "value": r.value,
                 # per-layer limits are in extra["layers"]
@@ -156,6 +199,59 @@ def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict
         else:
             entry["error"] = message
     return _finite(out)
+
+
+# The multi-candidate table: (heading, how to read it from a JSON candidate entry). The KL columns
+# are llama-perplexity's statistics over the positions with a next token.
+def _kl(key, sub=None):
+    return lambda c: None if not c.get("kl_stats") else c["kl_stats"][key] if sub is None else c["kl_stats"][key][sub]
+
+
+CANDIDATE_COLUMNS = (
+    ("candidate", lambda c: c["name"]),
+    ("type", lambda c: c.get("quant_type")),
+    ("size GB", lambda c: c["size"]["bytes"] / 1e9 if c.get("size") else None),
+    ("BPW", lambda c: c["size"]["bpw"] if c.get("size") else None),
+    ("PPL", _kl("ppl_cand")),
+    ("PPL ratio", _kl("ppl_ratio")),
+    ("KLD mean", _kl("kld_mean")),
+    ("KLD median", _kl("kld", "median")),
+    ("KLD p99", _kl("kld", "p99")),
+    ("KLD max", _kl("kld", "max")),
+    ("same top", _kl("same_top")),
+    ("RMS Δp", _kl("rms_dp")),
+    ("NMSE", lambda c: c.get("metrics", {}).get("nmse")),
+    ("max |diff|", lambda c: c.get("metrics", {}).get("max_abs")),
+    # quality per GB: the fraction of positions whose top token survives, per GB of weights
+    ("same top / GB", lambda c: c["kl_stats"]["same_top"] / (c["size"]["bytes"] / 1e9)
+     if c.get("kl_stats") and c.get("size") and c["size"]["bytes"] else None),
+)
+
+
+def candidate_rows(report: dict) -> list[list]:
+    """One row per compared candidate in CANDIDATE_COLUMNS order (None where unknown), the
+    reference first (its size and PPL)."""
+    rows = []
+    ref = report.get("reference")
+    first = next((c for c in report["candidates"] if c.get("kl_stats")), None)
+    if ref:
+        size = ref.get("size")
+        rows.append([f"{Path(ref['path']).name} (reference)", ref.get("quant_type"),
+                     size["bytes"] / 1e9 if size else None, size["bpw"] if size else None,
+                     first["kl_stats"]["ppl_ref"] if first else None, *[None] * (len(CANDIDATE_COLUMNS) - 5)])
+    rows += [[read(c) for _, read in CANDIDATE_COLUMNS] for c in report["candidates"] if "checks" in c]
+    return rows
+
+
+def cell(value) -> str:
+    """A table cell: numbers with 4 significant digits, nothing for unknown."""
+    return "" if value is None else fmt(value) if isinstance(value, float) else str(value)
+
+
+def candidate_table(report: dict) -> list[str]:
+    """The terminal's multi-candidate table (one row per candidate)."""
+    rows = candidate_rows(report)
+    return _aligned([tuple(h for h, _ in CANDIDATE_COLUMNS), *(tuple(cell(v) for v in row) for row in rows)])
 
 
 def _finite(value):

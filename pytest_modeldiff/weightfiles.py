@@ -330,6 +330,18 @@ def _open_folder(folder: Path) -> WeightReader:
     raise ModelDiffError(f"{folder}: no weights found (*.safetensors, a sharded index json or pytorch_model*.bin)")
 
 
+def model_size(path: str | Path) -> dict | None:
+    """The weight files' bytes, the parameters they hold and bits per weight (llama.cpp's
+    "file size (BPW)"); None when ``path`` holds no readable weights."""
+    try:
+        reader = open_weights(path)
+    except ModelDiffError:
+        return None
+    params = sum(meta.n_elements for meta in reader.tensors.values())
+    size = sum(file.stat().st_size for file in reader.files)
+    return {"bytes": size, "params": params, "bpw": 8.0 * size / params if params else None}
+
+
 def is_torch_checkpoint(path: Path) -> bool:
     """A .bin that torch.save wrote (zip), not a llama.cpp logits dump."""
     try:

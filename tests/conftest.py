@@ -1,4 +1,5 @@
 """Shared test fixtures: the committed demo pair and the cached tiny conversion set."""
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ import pytest_modeldiff.assertions  # noqa: F401
 import pytest_modeldiff.runners.dump  # noqa: F401
 import pytest_modeldiff.runners.hf  # noqa: F401
 import pytest_modeldiff.runners.llamacpp  # noqa: F401
+
+# Tests run the reference afresh unless they test the cache (tests/test_refcache.py names its own).
+os.environ["MODELDIFF_REF_CACHE"] = "none"
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "fixtures" / "demo"

@@ -26,3 +26,14 @@ def test_reference_spilled_to_disk_gives_the_same_numbers(demo_ref, demo_cand, m
                             "candidate_load_s", "comparison_s", "overhead_s"}
     assert timings["reference_load_s"] > 0 and timings["candidate_forward_s"] > 0
     assert 0 < timings["overhead_s"] < timings["comparison_s"]
+
+
+def test_pace_reports_sequences_rate_and_eta(monkeypatch):
+    from pytest_modeldiff import engine
+    from pytest_modeldiff.evaldata import EvalSequence
+
+    clock = iter([0.0, 2.0, 4.0])
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: next(clock))
+    pace = engine.Pace([EvalSequence([0] * 100), EvalSequence([0] * 100), EvalSequence([0] * 200)])
+    assert pace.step(100) == "sequence 1/3, 50 tokens/s, ETA 0:06"  # 300 tokens left at 50/s
+    assert pace.step(100) == "sequence 2/3, 50 tokens/s, ETA 0:04"

@@ -19,7 +19,8 @@ __all__ = ["RUNNERS", "FixedSequence", "Runner", "VocabInfo", "detect_runner", "
 
 
 def detect_runner(path: Path) -> str:
-    """dump for X.bin or a folder of dumps (X.bin beside X-tokens.bin), llamacpp for .gguf, hf for
+    """dump for X.bin or a folder of dumps (X.bin beside X-tokens.bin), llamacpp for .gguf, refcache
+    for a reference cache (.mdref), hf for
     any other folder (HFRunner names a missing config.json), weights for weights-only files
     (.safetensors, .pt/.pth, .npz/.npy, a .bin that torch.save wrote)."""
     path = Path(path)
@@ -29,6 +30,8 @@ def detect_runner(path: Path) -> str:
         return "hf"
     if path.suffix == ".gguf":
         return "llamacpp"
+    if path.suffix == ".mdref":
+        return "refcache"
     if path.suffix in WEIGHTS_ONLY or (path.suffix == ".bin" and is_torch_checkpoint(path)):
         return "weights"
     if path.suffix == ".bin":

@@ -43,10 +43,12 @@ class Forward:
 
 @dataclass
 class FixedSequence:
-    """A token sequence recorded by a dump; text is known when the dump kept its prompt."""
+    """A token sequence recorded by a dump or cache; text is known when it kept the prompt."""
 
     ids: list[int]
     text: str | None = None
+    label: str = ""
+    scored: tuple[int, int] | None = None  # compared positions (llama-perplexity layout), None: all
 
 
 class Runner(ABC):

@@ -1,0 +1,73 @@
+"""A reference cache file (.mdref, refcache.py) as a model: the recorded token ids, logits and
+hidden states, vocabulary and hyper-parameters of the reference that wrote it, so a candidate can
+be checked on a machine without the reference model (like llama-perplexity's
+--kl-divergence-base). No tokenizer: the tokens check is skipped."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ModelDiffError
+from ..refcache import SUFFIX, ReferenceCache
+from .base import FixedSequence, Forward, Runner, VocabInfo
+
+
+class RefCacheRunner(Runner):
+    kind = "refcache"
+    has_weights = False
+
+    def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
+        super().__init__(path, device, threads)
+        if self.path.suffix != SUFFIX:
+            raise ModelDiffError(f"{self.path}: a reference cache must be a {SUFFIX} file")
+        self.cache = ReferenceCache(self.path)
+        self.header = self.cache.header
+        self.sequences = [FixedSequence(s["ids"], s["text"], s["label"], tuple(s["scored"]) if s["scored"] else None)
+                          for s in self.cache.sequences]
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def gives_hidden(self) -> bool:
+        return self.cache.has_hidden
+
+    def load(self, max_tokens: int) -> None:
+        pass
+
+    def quant_type(self) -> str:
+        return self.header["quant_type"]
+
+    def fixed_sequences(self) -> list[FixedSequence]:
+        return self.sequences
+
+    def _index(self, ids: Sequence[int]) -> int:
+        ids = list(ids)
+        for i, seq in enumerate(self.sequences):
+            if seq.ids == ids:
+                return i
+        raise ModelDiffError(f"{self.path}: holds no sequence of these {len(ids)} token ids")
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        return self.cache.logits(self._index(ids))
+
+    def forward(self, ids, hidden=False, feed=None, keep=0) -> Forward:
+        i = self._index(ids)
+        return Forward(self.cache.logits(i), self.cache.hidden(i) if hidden else None)
+
+    def vocab(self) -> VocabInfo | None:
+        return VocabInfo(**self.header["vocab"]) if self.header.get("vocab") else None
+
+    def hparams(self):
+        return self.header.get("hparams")
+
+    def piece(self, token_id: int) -> str:
+        vocab = self.header.get("vocab") or {}
+        tokens = vocab.get("tokens") or []
+        return tokens[token_id] if 0 <= token_id < len(tokens) else f"<{token_id}>"
+
+    def versions(self) -> dict[str, str]:
+        return dict(self.header.get("versions") or {})

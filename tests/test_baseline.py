@@ -1,0 +1,97 @@
+"""Baselines: tolerance expressions, the comparison's direction, environment differences, and
+the plugin's save / compare round trip."""
+import json
+
+import pytest
+
+from pytest_modeldiff.baseline import (Tolerance, baseline_from_report, compare, environment_differences,
+                                       load_baseline, parse_tolerances)
+from pytest_modeldiff.errors import ModelDiffError, ModelDiffUsageError
+
+
+def test_tolerances_parse_percent_and_absolute():
+    assert parse_tolerances(["kld:10%", "ppl_ratio:0.002,same_top:1%"]) == [
+        Tolerance("kld", 0.1, True, "kld:10%"), Tolerance("ppl_ratio", 0.002, False, "ppl_ratio:0.002"),
+        Tolerance("same_top", 0.01, True, "same_top:1%")]
+
+
+@pytest.mark.parametrize("expression, message", [
+    ("kld", "'kld': expected METRIC:AMOUNT"), ("kld:ten%", "'kld:ten%'"), ("kld:-1", "'kld:-1'"),
+    ("klx:10%", "'klx:10%': unknown metric 'klx'"), ("tokens:1", "unknown metric 'tokens'"),
+])
+def test_malformed_expressions_are_usage_errors_naming_them(expression, message):
+    with pytest.raises(ModelDiffUsageError, match=f"--modeldiff-compare-fail: .*{message}"):
+        parse_tolerances([expression])
+
+
+def test_worse_follows_the_metric_direction():
+    tolerances = parse_tolerances(["kld:10%", "same_top:0.01"])
+    base = {"kld": 0.1, "same_top": 0.9}
+    ok = compare({"kld": 0.109, "same_top": 0.891}, base, tolerances)
+    assert [c.passed for c in ok] == [True, True]
+    assert ok[0].worse_by == pytest.approx(0.009) and ok[1].worse_by == pytest.approx(0.009)
+    bad = compare({"kld": 0.111, "same_top": 0.95}, base, tolerances)
+    assert [c.passed for c in bad] == [False, True] and bad[1].worse_by == pytest.approx(-0.05)  # better is fine
+    missing = compare({}, base, tolerances[:1])
+    assert missing[0].passed is False
+    assert compare({"kld": float("nan")}, base, tolerances[:1])[0].passed is False
+
+
+def test_environment_differences_name_the_key():
+    then = {"versions": {"torch": "2.13.0"}, "settings": {"eval_length": 256}, "models_sha256": {"reference": "a"}}
+    now = {"versions": {"torch": "2.14.0"}, "settings": {"eval_length": 256}, "models_sha256": {"reference": "b"}}
+    assert environment_differences(now, then) == ["versions torch: baseline '2.13.0', now '2.14.0'",
+                                                  "models_sha256 reference: baseline 'a', now 'b'"]
+
+
+def test_load_baseline_names_the_file_and_problem(tmp_path):
+    with pytest.raises(ModelDiffError, match="missing.json: baseline file not found"):
+        load_baseline(tmp_path / "missing.json")
+    (tmp_path / "other.json").write_text(json.dumps({"format": "pytest-modeldiff report v2"}))
+    with pytest.raises(ModelDiffError, match="other.json: not a pytest-modeldiff baseline"):
+        load_baseline(tmp_path / "other.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ModelDiffError, match="bad.json: not a readable baseline"):
+        load_baseline(tmp_path / "bad.json")
+
+
+def test_baseline_keeps_every_metric_of_a_report():
+    report = {"environment": {"versions": {}}, "reference": {"path": "r"}, "candidates": [
+        {"name": "c", "quant_type": "Q8_0", "metrics": {"kld": 0.1, "nmse": 0.2},
+         "checks": [{"name": "kld", "value": 0.1}, {"name": "tokens", "value": None}],
+         "kl_stats": {"ppl_ratio": 1.01, "kld": {"p99": 0.3}}},
+        {"name": "broken", "error": "could not load"}]}
+    base = baseline_from_report(report)
+    assert base["candidates"] == {"c": {"quant_type": "Q8_0", "metrics": {"kld": 0.1, "nmse": 0.2, "kl.ppl_ratio": 1.01}}}
+
+
+def test_plugin_saves_then_fails_a_regression_with_a_table(pytester, demo_ref, demo_cand, tmp_path):
+    base = tmp_path / "base.json"
+    args = ["-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
+            "--modeldiff-checks=kld,nmse,same_top"]
+    pytester.runpytest(*args, f"--modeldiff-save-baseline={base}").assert_outcomes(passed=3)
+    saved = json.loads(base.read_text())
+    assert saved["candidates"]["demo-q8_0"]["metrics"]["kld"] > 0 and saved["environment"]["models_sha256"]
+    result = pytester.runpytest(*args, f"--modeldiff-baseline={base}", "--modeldiff-compare-fail", "kld:10%",
+                                "same_top:0.01", "-v")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*modeldiff?demo-q8_0?::baseline PASSED*"])
+    saved["candidates"]["demo-q8_0"]["metrics"]["kld"] /= 2  # the candidate is now twice as far off as then
+    saved["environment"]["versions"]["torch"] = "0.0"
+    base.write_text(json.dumps(saved))
+    result = pytester.runpytest(*args, f"--modeldiff-baseline={base}", "--modeldiff-compare-fail=kld:10% nmse:1%")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*modeldiff baseline FAILED: demo-q8_0.gguf got worse than the baseline * in kld",
+                                 "metric*baseline*now*worse by*allowed*status",
+                                 "kld *FAIL", "nmse *ok",
+                                 "*versions torch: baseline '0.0'*", "*ModelDiffEnvironmentWarning*"])
+
+
+def test_compare_fail_without_baseline_or_malformed_is_a_usage_error(pytester, demo_ref, demo_cand, tmp_path):
+    args = ["-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}"]
+    result = pytester.runpytest(*args, "--modeldiff-compare-fail=kld:10%")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--modeldiff-compare-fail needs --modeldiff-baseline FILE*"])
+    result = pytester.runpytest(*args, f"--modeldiff-baseline={tmp_path / 'none.json'}", "--modeldiff-compare-fail=kld=1")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--modeldiff-compare-fail: 'kld=1': expected METRIC:AMOUNT*"])
