@@ -28,7 +28,6 @@ from .registry import quant_class
 from .runners import Runner, make_runner
 from .thresholds import Thresholds
 from .weightdiff import WeightDiff, compare_weights
-from .weightfiles import model_size
 
 TOPK_KEPT = 20  # top ids kept per position (at least): any top-k overlap/agreement with k <= 20
 
@@ -185,11 +184,6 @@ class Pair:
     def name(self) -> str:
         return self.candidate.name
 
-    @cached_property
-    def size(self) -> dict | None:
-        """The candidate's weight files: bytes, parameters, bits per weight (None for a dump)."""
-        return model_size(self.candidate.path) if self.candidate.has_weights else None
-
 
 @dataclass
 class WeightComparison(Pair):
@@ -266,6 +260,7 @@ class ModelDiff:
         self._ref_store: _ReferenceStore | None = None
         self._comparisons: dict[str, Comparison] = {}
         self._weights: dict[str, WeightComparison] = {}
+        self._environment: dict | None = None
 
     # -- evaluation input and the reference pass ------------------------------------------
     def eval_input(self) -> evaldata.EvalInput:
@@ -350,8 +345,8 @@ class ModelDiff:
             refcache.remove_stale(path, str(Path(ref.path).resolve()), model_hash)
             self.progress(f"reference {ref.name}: outputs cached in {path}")
             # compared from the cache like every later run, so the numbers do not depend on who wrote it
-            return _ReferenceStore.from_cache(refcache.ReferenceCache(path), need_hidden, load_seconds=store.load_seconds,
-                                              seconds=store.seconds)
+            return _ReferenceStore.from_cache(refcache.ReferenceCache(path, verify=False), need_hidden,
+                                              load_seconds=store.load_seconds, seconds=store.seconds)
 
     def _in_memory_layers(self) -> bool:
         return self.settings.layers and not self.settings.stream_layers
@@ -548,7 +543,13 @@ class ModelDiff:
         })
 
     def environment(self) -> dict:
-        """What produced the numbers: library versions, settings, the models' file hashes."""
+        """What produced the numbers: library versions, settings, the models' file hashes (computed
+        once per run: the files do not change under it)."""
+        if self._environment is None:
+            self._environment = self._describe_environment()
+        return self._environment
+
+    def _describe_environment(self) -> dict:
         import importlib.metadata
 
         runners = [self.reference, *self.candidates.values()]

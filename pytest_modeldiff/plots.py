@@ -43,20 +43,12 @@ def bars_svg(title: str, names: list[str], values: list[float], label: str) -> s
 
 def _log_axes(title: str, names: list[str], values: list, x_label: str, bars: bool = False):
     """The SVG head, decade grid and x labels; returns (lines, x(i), y(value))."""
-    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-    low = math.floor(math.log10(min(finite, default=1e-6)))
-    high = max(math.ceil(math.log10(max(finite, default=1.0))), low + 1)
+    low, high = _decades(values, empty_low=1e-6)
     n = len(names)
     span = WIDTH - LEFT - RIGHT
     x = (lambda i: LEFT + span * (i + 0.5) / max(n, 1)) if bars else (lambda i: LEFT + span * (i / max(n - 1, 1)))
     y = lambda v: TOP + (HEIGHT - TOP - BOTTOM) * (high - math.log10(max(v, 10.0 ** low))) / (high - low)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
-           f'<title>{escape(title)}</title>',
-           f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="13">{escape(title)}</text>']
-    for e in range(low, high + 1):  # decade grid lines
-        out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(10.0 ** e):.1f}" y2="{y(10.0 ** e):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{y(10.0 ** e) + 4:.1f}" text-anchor="end">1e{e}</text>')
+    out = _head(title) + _decade_grid(low, high, y)
     step = max(1, n // 16)
     for i in range(0, n, step):
         out.append(f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(names[i])}</text>')
@@ -93,11 +85,7 @@ def scatter_svg(title: str, points: list[tuple[str, float, float]], x_label: str
     (x_low, x_high), (y_low, y_high) = _decades([a for _, a, _ in points]), _decades([b for _, _, b in points])
     x = lambda v: LEFT + (WIDTH - LEFT - RIGHT) * (math.log10(v) - x_low) / (x_high - x_low)
     y = lambda v: HEIGHT - BOTTOM - (HEIGHT - TOP - BOTTOM) * (math.log10(v) - y_low) / (y_high - y_low)
-    out = _head(title)
-    for e in range(y_low, y_high + 1):  # decade grid lines
-        level = y(10.0 ** e)
-        out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{level:.1f}" y2="{level:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{level + 4:.1f}" text-anchor="end">1e{e}</text>')
+    out = _head(title) + _decade_grid(y_low, y_high, y)
     out += _decade_labels(x_low, x_high, x)
     for label, a, b in points:
         out.append(f'<circle class="point" cx="{x(a):.1f}" cy="{y(b):.1f}" r="4" fill="#c0392b">'
@@ -119,11 +107,21 @@ def _head(title: str) -> list[str]:
             f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="13">{escape(title)}</text>']
 
 
-def _decades(values: list[float]) -> tuple[int, int]:
-    """The whole decades spanning the positive values (at least one)."""
+def _decades(values: list[float], empty_low: float = 1.0) -> tuple[int, int]:
+    """The whole decades spanning the positive finite values (at least one)."""
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-    low = math.floor(math.log10(min(finite, default=1.0)))
+    low = math.floor(math.log10(min(finite, default=empty_low)))
     return low, max(math.ceil(math.log10(max(finite, default=1.0))), low + 1)
+
+
+def _decade_grid(low: int, high: int, y) -> list[str]:
+    """Horizontal grid lines and labels at each decade of a log y axis."""
+    out = []
+    for e in range(low, high + 1):
+        level = y(10.0 ** e)
+        out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{level:.1f}" y2="{level:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{level + 4:.1f}" text-anchor="end">1e{e}</text>')
+    return out
 
 
 def _decade_labels(low: int, high: int, x) -> list[str]:

@@ -114,10 +114,10 @@ class ReferenceCache:
 
 
 def write_cache(path: Path, header: dict, sequences, logits_of, hidden_of=None) -> None:
-    """Write ``sequences`` (EvalSequence-like, with ``first`` positions given by ``header``'s
-    caller through ``logits_of(i)`` rows) atomically: header, arrays, checksum."""
-    seq_meta, offset = [], 0
-    shapes = []
+    """Write the reference's outputs atomically: header, arrays, checksum. ``logits_of(i)`` gives
+    sequence i's logits from its first compared position to its end, ``hidden_of(i)`` its hidden
+    states; both are asked twice (layout, then data), so they should be cheap views."""
+    seq_meta, offset, n_vocab = [], 0, 0
     for i, seq in enumerate(sequences):
         rows = logits_of(i)
         hidden = hidden_of(i) if hidden_of else None
@@ -129,8 +129,8 @@ def write_cache(path: Path, header: dict, sequences, logits_of, hidden_of=None) 
             entry["hidden_shape"] = list(hidden.shape)
             entry["hidden_offset"], offset = offset, _aligned(offset + 2 * hidden.size)
         seq_meta.append(entry)
-        shapes.append(rows.shape[-1])
-    body = {**header, "format": FORMAT, "n_vocab": shapes[0], "sequences": seq_meta, "data_bytes": offset,
+        n_vocab = rows.shape[-1]
+    body = {**header, "format": FORMAT, "n_vocab": n_vocab, "sequences": seq_meta, "data_bytes": offset,
             "precision": "logits: uint16 codes over each row's range (error <= range / 131070); hidden states: float16"}
     text = json.dumps(body).encode()
     body["data_offset"] = _aligned(16 + len(text) + 64)  # room for the offset's own digits

@@ -12,7 +12,6 @@ from typing import Iterable
 from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt, logit_metric_values
 from .engine import Comparison, Pair
 from .klstats import kld_histogram
-from .weightfiles import model_size
 
 
 def table(rows: Iterable[Row]) -> list[str]:
@@ -158,10 +157,6 @@ def summary(cmp: Pair, results: list[CheckResult]) -> list[str]:
     return lines
 
 
-def reference_size(cmp: Pair) -> dict | None:
-    return model_size(cmp.reference.path) if cmp.reference.has_weights else None
-
-
 def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict[str, str] | None = None,
             environment: dict | None = None) -> dict:
     """Every compared candidate's checks, metrics (whichever checks ran), llama-perplexity's KL
@@ -172,10 +167,10 @@ def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict
         ran = isinstance(cmp, Comparison) and cmp.stats is not None  # else no model ran
         if "reference" not in out:
             out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
-                                "quant_type": cmp.reference.quant_type(), "size": reference_size(cmp)}
+                                "quant_type": cmp.reference.quant_type(), "size": cmp.reference.size()}
         out["candidates"].append({
             "name": cmp.name, "path": str(cmp.candidate.path), "runner": cmp.candidate.kind,
-            "quant_type": cmp.quant_type, "quant_class": cmp.quant_class, "size": cmp.size,
+            "quant_type": cmp.quant_type, "quant_class": cmp.quant_class, "size": cmp.candidate.size(),
             "positions": len(cmp.stats) if ran else 0,
             "sequences": len(cmp.eval.sequences) if isinstance(cmp, Comparison) else 0,
             "timings": cmp.timings if isinstance(cmp, Comparison) else {},
@@ -236,9 +231,10 @@ def candidate_rows(report: dict) -> list[list]:
     first = next((c for c in report["candidates"] if c.get("kl_stats")), None)
     if ref:
         size = ref.get("size")
-        rows.append([f"{Path(ref['path']).name} (reference)", ref.get("quant_type"),
-                     size["bytes"] / 1e9 if size else None, size["bpw"] if size else None,
-                     first["kl_stats"]["ppl_ref"] if first else None, *[None] * (len(CANDIDATE_COLUMNS) - 5)])
+        known = {"candidate": f"{Path(ref['path']).name} (reference)", "type": ref.get("quant_type"),
+                 "size GB": size["bytes"] / 1e9 if size else None, "BPW": size["bpw"] if size else None,
+                 "PPL": first["kl_stats"]["ppl_ref"] if first else None}
+        rows.append([known.get(heading) for heading, _ in CANDIDATE_COLUMNS])
     rows += [[read(c) for _, read in CANDIDATE_COLUMNS] for c in report["candidates"] if "checks" in c]
     return rows
 

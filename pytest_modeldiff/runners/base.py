@@ -73,6 +73,12 @@ class Runner(ABC):
         """The files that define the model (hashed into the dump metadata)."""
         return model_files(self.path)
 
+    def size(self) -> dict | None:
+        """Its weight files' bytes, parameters and bits per weight (None without weights)."""
+        from ..weightfiles import model_size
+
+        return model_size(self.path) if self.has_weights else None
+
     @abstractmethod
     def load(self, max_tokens: int) -> None:
         """Load weights and tokenizer; ``max_tokens`` is the longest sequence to be run."""
