@@ -12,21 +12,13 @@ from pathlib import Path
 
 from . import plots
 from .klstats import KLStats, lines
-from .report import CANDIDATE_COLUMNS, _write_atomic, candidate_rows, cell
+from .report import CANDIDATE_COLUMNS, _write_atomic, candidate_rows, cell, failures
 
 TITLE = "pytest-modeldiff report"
-FAILING = ("failed", "error")
 STATUS_WORD = {"passed": "ok", "failed": "FAIL", "skipped": "skipped", "error": "ERROR"}
 
 
 # --------------------------------------------------------------------------- shared content
-def failures(cand: dict) -> list[str]:
-    """What went wrong with one candidate: "error" if it could not be compared, its failed and
-    errored checks."""
-    failed = [check["name"] for check in cand.get("checks", []) if check["status"] in FAILING]
-    return (["error"] if "error" in cand else []) + failed
-
-
 def verdict(report: dict) -> str:
     """"all checks passed" or "FAILED: <candidate>: <check>, ...; <candidate>: ..."."""
     failed = [f"{cand['name']}: {', '.join(failures(cand))}" for cand in report["candidates"] if failures(cand)]

@@ -202,6 +202,13 @@ def _kl(key, sub=None):
     return lambda c: None if not c.get("kl_stats") else c["kl_stats"][key] if sub is None else c["kl_stats"][key][sub]
 
 
+def failures(cand: dict) -> list[str]:
+    """What went wrong with one candidate of the JSON report: "error" if it could not be compared,
+    its failed and errored checks."""
+    failed = [check["name"] for check in cand.get("checks", []) if check["status"] in ("failed", "error")]
+    return (["error"] if "error" in cand else []) + failed
+
+
 CANDIDATE_COLUMNS = (
     ("candidate", lambda c: c["name"]),
     ("type", lambda c: c.get("quant_type")),
@@ -220,6 +227,7 @@ CANDIDATE_COLUMNS = (
     # quality per GB: the fraction of positions whose top token survives, per GB of weights
     ("same top / GB", lambda c: c["kl_stats"]["same_top"] / (c["size"]["bytes"] / 1e9)
      if c.get("kl_stats") and c.get("size") and c["size"]["bytes"] else None),
+    ("verdict", lambda c: f"FAIL: {', '.join(failures(c))}" if failures(c) else "pass"),
 )
 
 

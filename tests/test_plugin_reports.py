@@ -20,8 +20,8 @@ def test_markdown_html_junit_and_the_candidate_table(pytester, tiny, tmp_path, m
     result.stdout.fnmatch_lines([
         "llama-perplexity statistics over * next tokens: PPL(Q) *",
         "candidates (KL columns: llama-perplexity's statistics over the next tokens):",
-        "candidate*| type*| size GB*| BPW*| PPL*| PPL ratio*| KLD mean*| same top / GB",
-        "hf (reference)*", "tiny-q8_0*| Q8_0*", "tiny-q4_k_m*| Q4_K_M*",
+        "candidate*| type*| size GB*| BPW*| PPL*| PPL ratio*| KLD mean*| same top / GB*| verdict",
+        "hf (reference)*", "tiny-q8_0*| Q8_0*| pass", "tiny-q4_k_m*| Q4_K_M*| pass",
         f"modeldiff: Markdown report written to {md}", f"modeldiff: HTML report written to {page}"])
     text = md.read_text()
     assert text.startswith("## ") and "tiny-q4_k_m" in text and "KLD p99" in text

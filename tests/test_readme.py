@@ -2,10 +2,10 @@
 import re
 from pathlib import Path
 
-from pytest_modeldiff.registry import CHECKS, HIGHER, LOWER, TENSOR_TYPE_ERROR
+from pytest_modeldiff.registry import CHECKS, HIGHER, LOWER, QUANT_CLASSES, TENSOR_TYPE_ERROR
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-CLASSES = ["f32", "f16", "bf16", "q8", "q6", "q5", "q4", "q3", "q2"]
+CLASSES = [c for c in QUANT_CLASSES if c != "q1"]  # q1 takes q2's limits
 
 
 def python_blocks():
