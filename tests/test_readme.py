@@ -36,28 +36,28 @@ def test_weight_type_table_matches_registry():
     assert [float(c) for c in cells] == [TENSOR_TYPE_ERROR[t] for t in types]
 
 
+def run_example(pytester, demo_ref, demo_cand, marker: str, module: str, extra: str = ""):
+    """The README's python block containing ``marker`` as a test module, run on the demo pair."""
+    example = next(b for b in python_blocks() if marker in b)
+    pytester.makepyfile(**{module: example + extra})
+    return pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
+                              "--modeldiff-checks=none")
+
+
 def test_weights_example_runs(pytester, demo_ref, demo_cand):
-    example = next(b for b in python_blocks() if "def test_weights(modeldiff)" in b)
-    pytester.makepyfile(test_readme_weights_example=example)
-    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
-                                "--modeldiff-checks=none")
+    result = run_example(pytester, demo_ref, demo_cand, "def test_weights(modeldiff)", "test_readme_weights_example")
     result.assert_outcomes(passed=2)
 
 
 def test_fixture_and_marker_example_runs(pytester, demo_ref, demo_cand):
-    example = next(b for b in python_blocks() if "def test_quality(modeldiff)" in b)
-    pytester.makepyfile(test_my_conversion=example)
-    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
-                                "--modeldiff-checks=none")
+    result = run_example(pytester, demo_ref, demo_cand, "def test_quality(modeldiff)", "test_my_conversion")
     result.assert_outcomes(passed=2)
 
 
 def test_layer_marker_example_runs(pytester, demo_ref, demo_cand):
-    example = next(b for b in python_blocks() if "def test_layers(modeldiff)" in b)
-    pytester.makepyfile(test_readme_layer_example=example + "\n\n@pytest.mark.modeldiff(rfn={'0-3': 1e-6, '*': 0.05})\n"
-                        "def test_too_tight(modeldiff):\n    modeldiff.assert_layer_rfn()\n")
-    result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
-                                "--modeldiff-checks=none")
+    result = run_example(pytester, demo_ref, demo_cand, "def test_layers(modeldiff)", "test_readme_layer_example",
+                         "\n\n@pytest.mark.modeldiff(rfn={'0-3': 1e-6, '*': 0.05})\n"
+                         "def test_too_tight(modeldiff):\n    modeldiff.assert_layer_rfn()\n")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*first state over its limit: layer 0 (rfn * > 1.000e-06 from marker)*"])
 

@@ -3,6 +3,7 @@ transformers; llama.cpp's converter and quantizer; candidates in llama.cpp), run
 exactly as a user runs it (fixtures/scoreboard.py), with default thresholds, on 4 x 256 tokens of
 public-domain English. Correct conversions pass every built-in check; each bug class fails."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import scoreboard
@@ -16,11 +17,11 @@ pytestmark = pytest.mark.realmodel
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     report, markdown = scoreboard.run(tmp_path_factory.mktemp("scoreboard"))
-    return {c["name"]: c for c in report["candidates"]}, markdown
+    return SimpleNamespace(candidates={c["name"]: c for c in report["candidates"]}, markdown=markdown)
 
 
 def statuses(run, name: str) -> dict[str, str]:
-    return {check["name"]: check["status"] for check in run[0][name]["checks"]}
+    return {check["name"]: check["status"] for check in run.candidates[name]["checks"]}
 
 
 @pytest.mark.parametrize("qtype", SMOLLM2_CONVERTED + SMOLLM2_QUANTIZED)
@@ -48,7 +49,7 @@ def test_readme_scoreboard_is_this_run(run):
     """README's table is what `python fixtures/scoreboard.py` writes: same rows and verdicts,
     numbers within 10 % (another CPU may round differently), so a change of defaults, text or
     converter that is not regenerated there fails here."""
-    fresh = [scoreboard.cells(line) for line in scoreboard.candidates_table(run[1])]
+    fresh = [scoreboard.cells(line) for line in scoreboard.candidates_table(run.markdown)]
     readme = [scoreboard.cells(line) for line in scoreboard.readme_table(scoreboard.README.read_text())]
     assert [row[0] for row in readme] == [row[0] for row in fresh], "rerun python fixtures/scoreboard.py"
     for old, new in zip(readme[2:], fresh[2:]):
