@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelDiffError, ModelDiffUsageError
+from .fields import short
 from .registry import CHECKS, HIGHER
 
 FORMAT = "pytest-modeldiff baseline v1"
@@ -74,16 +76,58 @@ def baseline_from_report(report: dict) -> dict:
 
 
 def load_baseline(path: Path) -> dict:
+    """A saved baseline, its fields checked (a damaged file is a one-line error naming it, never
+    a traceback in the baseline items); "nan"/"inf" metric values (report._finite) become floats."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ModelDiffError(f"{path}: baseline file not found (write one with --modeldiff-save-baseline)") from None
-    except (OSError, ValueError) as exc:
-        raise ModelDiffError(f"{path}: not a readable baseline ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8 or JSON
+        why = f"{type(exc).__name__}: {exc}"
+        raise ModelDiffError(f"{path}: not a readable baseline ({why})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ModelDiffError(f"{path}: not a pytest-modeldiff baseline (format {data.get('format') if isinstance(data, dict) else None!r}, "
-                             f"expected {FORMAT!r})")
+        found = short(data.get("format") if isinstance(data, dict) else None)
+        raise ModelDiffError(f"{path}: not a pytest-modeldiff baseline (format {found}, expected {FORMAT!r})")
+    problem = _baseline_problem(data)
+    if problem:
+        raise ModelDiffError(f"{path}: damaged baseline: {problem}")
+    for entry in data["candidates"].values():
+        entry["metrics"] = {name: _number(value) for name, value in entry["metrics"].items()}
     return data
+
+
+_NON_FINITE = ("nan", "inf", "-inf")  # how the JSON report spells them (report._finite)
+
+
+def _baseline_problem(data: dict) -> str | None:
+    """What is wrong with the fields a comparison reads, None if nothing."""
+    environment, candidates = data.get("environment", {}), data.get("candidates")
+    if not isinstance(environment, dict) or not all(isinstance(environment.get(part, {}), dict)
+                                                    for part in ("versions", "settings", "models_sha256")):
+        return "environment is not an object of versions, settings and models_sha256 objects"
+    if not isinstance(data.get("created", ""), str):
+        return f"created is {short(data.get('created'))}, expected a date string"
+    if not isinstance(candidates, dict):
+        return f"candidates is {short(candidates)}, expected an object of candidate names"
+    for name, entry in candidates.items():
+        metrics = entry.get("metrics") if isinstance(entry, dict) else None
+        if not isinstance(metrics, dict):
+            return f"candidate {name!r} has no metrics object"
+        bad = next((k for k, v in metrics.items() if not _is_metric_value(v)), None)
+        if bad is not None:
+            return (f"candidate {name!r} metric {bad!r} is {short(metrics[bad])}, expected a number, null or "
+                    f"one of {', '.join(_NON_FINITE)}")
+    return None
+
+
+def _is_metric_value(value) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) <= sys.float_info.max  # JSON integers have no bound; floats do
+    return value is None or isinstance(value, float) or value in _NON_FINITE
+
+
+def _number(value) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The on-disk cache's plumbing: where it lives, content hashes of model files (memoized by path,
 size and modification time, so a 5 GB model is hashed once), file locks shared by concurrent
-workers (pytest-xdist) and atomic writes (a reader never sees half a file)."""
+workers (pytest-xdist); files are written with atomic.write_atomic (a reader never sees half a file)."""
 from __future__ import annotations
 
 import fcntl
@@ -9,6 +9,8 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
+
+from .atomic import write_atomic
 
 CACHE_DIR = Path(os.environ.get("MODELDIFF_CACHE", Path.home() / ".cache" / "pytest-modeldiff"))
 
@@ -25,10 +27,7 @@ def files_sha256(files: list[Path]) -> str:
     """One hash of several files' contents (in order), each memoized in CACHE_DIR/sha256.json
     under (absolute path, size, mtime): a changed file is hashed again."""
     memo_path = CACHE_DIR / "sha256.json"
-    try:
-        memo = json.loads(memo_path.read_text())
-    except (OSError, ValueError):
-        memo = {}
+    memo = _read_memo(memo_path)
     digest, changed = hashlib.sha256(), False
     for file in files:
         st = Path(file).stat()
@@ -45,6 +44,15 @@ def files_sha256(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def _read_memo(memo_path: Path) -> dict[str, str]:
+    """The memoized hashes; a missing or damaged memo only costs hashing again."""
+    try:
+        memo = json.loads(memo_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return {k: v for k, v in memo.items() if isinstance(v, str)} if isinstance(memo, dict) else {}
+
+
 @contextmanager
 def locked(path: Path):
     """An exclusive lock on ``path`` + ".lock" (held by one process at a time, released on exit,
@@ -54,12 +62,3 @@ def locked(path: Path):
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

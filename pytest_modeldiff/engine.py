@@ -263,6 +263,19 @@ class ModelDiff:
         self._environment: dict | None = None
 
     # -- evaluation input and the reference pass ------------------------------------------
+    def prepare(self) -> None:
+        """Read and tokenize the evaluation input now, before any model runs, so a bad text or
+        dataset is one usage error, not a failed item per check and candidate. Nothing to do when
+        no model will run (the weights check alone; weights-only files report that per check)."""
+        if not (self.settings.logits or self.settings.layers):
+            return
+        try:
+            for runner in (self.reference, *self.candidates.values()):
+                runner.require_model()
+        except ModelDiffError:
+            return
+        self.eval_input()
+
     def eval_input(self) -> evaldata.EvalInput:
         if self._eval is None:
             self._eval = self._build_eval_input()

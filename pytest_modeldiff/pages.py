@@ -11,8 +11,9 @@ from html import escape
 from pathlib import Path
 
 from . import plots
+from .atomic import write_atomic
 from .klstats import KLStats, lines
-from .report import CANDIDATE_COLUMNS, _write_atomic, candidate_rows, cell, failures
+from .report import CANDIDATE_COLUMNS, candidate_rows, cell, failures
 
 TITLE = "pytest-modeldiff report"
 STATUS_WORD = {"passed": "ok", "failed": "FAIL", "skipped": "skipped", "error": "ERROR"}
@@ -197,8 +198,8 @@ def _pre(text_lines: list[str]) -> str:
 
 
 def write_markdown(path: Path, report: dict) -> None:
-    _write_atomic(Path(path), markdown_report(report))
+    write_atomic(Path(path), markdown_report(report))
 
 
 def write_html(path: Path, report: dict) -> None:
-    _write_atomic(Path(path), html_report(report))
+    write_atomic(Path(path), html_report(report))

@@ -81,8 +81,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "modeldiff(**thresholds): thresholds for this test's modeldiff assertions, "
                    "e.g. @pytest.mark.modeldiff(kld=0.01, top10=0.9)")
-    if model_paths(config)[0]:
+    ref, candidates = model_paths(config)
+    if ref:
         config.stash[_STATE] = _State.from_config(config)
+    elif candidates:
+        given = "--cand-model" if config.getoption("--cand-model") else f"CONVERTED_MODEL={candidates[0]}"
+        raise pytest.UsageError(f"{given} needs a reference to compare against: give --ref-model PATH "
+                                "(HF folder, .gguf, logits dump or .mdref cache) or set MODEL_PATH")
 
 
 def model_paths(config: pytest.Config) -> tuple[str | None, list[str]]:
@@ -179,6 +184,7 @@ class _State:
             state.baseline = load_baseline(Path(baseline)) if baseline else None
             thresholds = Thresholds(config.getoption("--modeldiff-threshold"), config.getini("modeldiff_thresholds"))
             state.engine = ModelDiff(ref, candidates, settings, thresholds, state.progress)
+            state.engine.prepare()
         except ModelDiffError as exc:
             raise pytest.UsageError(str(exc)) from None
         return state
@@ -432,14 +438,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     state = config.stash.get(_STATE, None)
     if state is None or not (state.engine.computed() or state.engine.computed_weights() or state.errors):
         return
+    from .atomic import write_atomic
     from .baseline import baseline_from_report
     from .pages import markdown_report, write_html
-    from .report import _write_atomic, candidate_table, summary, to_json, write_csv, write_json, write_layer_plots
+    from .report import candidate_table, summary, to_json, write_csv, write_json, write_layer_plots
 
     results = _all_results(state)
     terminalreporter.section("modeldiff summary (built-in checks; thresholds from CLI > ini > default)")
-    for cmp, checks in results.values():
-        for line in summary(cmp, checks):
+    for key, (cmp, checks) in results.items():
+        for line in summary(cmp, checks, state.errors.get(key)):
             terminalreporter.write_line(line)
         terminalreporter.write_line("")
     for key, message in state.errors.items():
@@ -463,7 +470,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
     def markdown(path: Path, data: dict) -> None:
         text = markdown_report(data)
-        _write_atomic(path, text)
+        write_atomic(path, text)
         if os.environ.get("GITHUB_STEP_SUMMARY"):  # GitHub Actions shows it on the run's page
             with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as summary_file:
                 summary_file.write(text + "\n")

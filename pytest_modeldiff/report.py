@@ -5,10 +5,10 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Iterable
 
+from .atomic import write_atomic
 from .checks import EXACT_CHECKS, FAILED, CheckResult, Row, fmt, logit_metric_values
 from .engine import Comparison, Pair
 from .klstats import kld_histogram
@@ -133,12 +133,16 @@ def baseline_message(cmp: Pair, changes: list, baseline: dict, differences: list
     return "\n".join(lines)
 
 
-def summary(cmp: Pair, results: list[CheckResult]) -> list[str]:
+def summary(cmp: Pair, results: list[CheckResult], error: str | None = None) -> list[str]:
     """One table per candidate for the terminal summary (``cmp`` is a WeightComparison when only
-    the weights were compared)."""
+    the weights were compared; ``error`` says why the models were not compared, if so: such a
+    candidate never reads as passed)."""
     failed = [r.name for r in results if r.status == FAILED]
+    verdict = f"FAILED {', '.join(failed)}" if failed else "all checks passed"
+    if error:
+        verdict = f"NOT COMPARED ({error.splitlines()[0][:160]})" + (f"; FAILED {', '.join(failed)}" if failed else "")
     head = (f"{cmp.candidate.path.name} ({cmp.candidate.kind}, {cmp.quant_type}, class {cmp.quant_class}) "
-            f"vs {cmp.reference.path.name}: " + (f"FAILED {', '.join(failed)}" if failed else "all checks passed"))
+            f"vs {cmp.reference.path.name}: {verdict}")
     rows = []
     for r in results:
         if r.rows and r.name not in EXACT_CHECKS:  # logit checks: one row per scope
@@ -272,7 +276,7 @@ def _finite(value):
 
 
 def write_json(path: Path, data: dict) -> None:
-    _write_atomic(Path(path), json.dumps(data, indent=2, default=str, allow_nan=False))
+    write_atomic(Path(path), json.dumps(data, indent=2, default=str, allow_nan=False))
 
 
 CSV_COLUMNS = ("candidate", "quant_type", "check", "metric", "layer", "tensor", "reference", "value", "threshold",
@@ -324,7 +328,7 @@ def write_csv(path: Path, report: dict) -> None:
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(csv_rows(report))
-    _write_atomic(Path(path), out.getvalue())
+    write_atomic(Path(path), out.getvalue())
 
 
 def write_layer_plots(comparisons: dict[str, tuple[Comparison, list[CheckResult]]], json_path: Path) -> list[Path]:
@@ -349,13 +353,6 @@ def write_layer_plots(comparisons: dict[str, tuple[Comparison, list[CheckResult]
             else:
                 continue
             path = Path(json_path).with_name(f"{Path(json_path).stem}-{kind}-{key}.svg")
-            _write_atomic(path, svg)
+            write_atomic(path, svg)
             written.append(path)
     return written
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -22,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import layers, mapping, metrics
+from .atomic import atomic_open
 from .errors import ModelDiffError
 from .gguf_file import open_gguf
 from .runners.base import model_files
@@ -197,18 +197,13 @@ class _Checkpoint:
     def save(self) -> None:
         if not self.done:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {"done": np.array(self.done)}
         for i in range(self.n_seq):
             arrays[f"ref{i}"], arrays[f"cand{i}"] = self.ref[i], self.cand[i]
         for k, part in enumerate(zip(*self.moments)):
             arrays[f"moments{k}"] = np.stack(part)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with atomic_open(self.path) as f:
             np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
     @classmethod
     def load(cls, path: Path, n_seq: int) -> "_Checkpoint | None":

@@ -14,6 +14,7 @@ from pytest_modeldiff import compare, dumps
 from pytest_modeldiff.checks import FAILED, PASSED, SKIPPED, run_checks
 from pytest_modeldiff.engine import ModelDiff, Settings
 from pytest_modeldiff.errors import ModelDiffError
+from pytest_modeldiff.runners.dump import DumpRunner
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +190,80 @@ def test_a_token_mismatch_names_a_newer_transformers_from_the_reference_config(l
     monkeypatch.setenv("MODEL_PATH", str(demo_ref))  # 5.23.0, the installed version: no such hint
     tokens = compare(llama_cpp_data / "pytorch-hf.bin", cand, checks=["tokens"])["llamacpp-retokenized"].result("tokens")
     assert tokens.status == FAILED and "transformers" not in tokens.hint
+
+
+def small_dump(folder, name="m-q8_0", quant_type="Q8_0"):
+    """An all-positions dump of two sequences over an 8-token vocabulary, no model needed."""
+    rng = np.random.default_rng(0)
+    writer = dumps.AllPositionsWriter(folder, "llamacpp", name)
+    writer.add(rng.normal(size=(3, 8)), [1, 2, 3], "abc")
+    writer.add(rng.normal(size=(2, 8)), [4, 5], None)
+    return writer.finish(8, {"quant_type": quant_type})
+
+
+def test_the_streaming_writer_publishes_whole_dumps_only(tmp_path):
+    path = small_dump(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    writer = dumps.AllPositionsWriter(tmp_path, "llamacpp", "m-q8_0")
+    writer.add(np.zeros((4, 8)), [0, 0, 0, 0], "other")
+    writer.abort()  # an error or Ctrl-C mid-run: the old dump stays whole
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    logits, seqs, texts, n_vocab = dumps.read_dump(path)
+    assert logits.shape == (5, 8) and seqs == [[1, 2, 3], [4, 5]] and texts == ["abc", None] and n_vocab == 8
+
+
+def description(folder, **fields):
+    path = small_dump(folder)
+    meta_path = dumps.companion(path, ".json")
+    meta = json.loads(meta_path.read_text())
+    meta.update(fields)
+    meta_path.write_text(json.dumps(meta))
+    return path
+
+
+@pytest.mark.parametrize("fields, problem", [
+    ({"n_vocab": "8"}, "n_vocab is '8', expected a positive integer"),
+    ({"n_vocab": 0}, "n_vocab is 0, expected a positive integer"),
+    ({"n_vocab": True}, "n_vocab is True, expected a positive integer"),
+    ({"sequence_lengths": [3, 2.0]}, r"sequence_lengths is \[3, 2.0\], expected a non-empty list of pos"),
+    ({"sequence_lengths": {"a": 1}}, "sequence_lengths is {'a': 1}, expected a non-empty list"),
+    ({"texts": ["abc"]}, r"texts is \['abc'\], expected null or a list of 2 strings or nulls, one per seq"),
+    ({"texts": ["abc", 5]}, "texts is .*, expected null or a list of 2 strings"),
+    ({"quant_type": ["Q8_0"]}, r"quant_type is \['Q8_0'\], expected a string"),
+    ({"format": "other"}, "format is 'other', expected 'pytest-modeldiff all-positions dump v1'"),
+    ({"n_vocab": json.loads("[" * 900 + "]" * 900)}, r"n_vocab is \[\[\[...\]\]\], expected a positive int"),
+])
+def test_a_bad_dump_description_names_the_file_field_and_expectation(tmp_path, fields, problem):
+    path = description(tmp_path, **fields)
+    with pytest.raises(ModelDiffError, match=f"^{dumps.companion(path, '.json')}: {problem}"):
+        dumps.read_dump(path)
+    with pytest.raises(ModelDiffError, match=f"^{dumps.companion(path, '.json')}: "):
+        DumpRunner(path)
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"[" * 100_000 + b"]" * 100_000, "RecursionError"), (b"\xff{}", "UnicodeDecodeError"),
+    (b"{", "JSONDecodeError"), (b"[1, 2]", "the content is \\[1, 2\\], expected a JSON object"),
+])
+def test_an_unreadable_dump_description_is_a_named_error(tmp_path, content, problem):
+    path = small_dump(tmp_path)
+    dumps.companion(path, ".json").write_bytes(content)
+    with pytest.raises(ModelDiffError, match=f"^{dumps.companion(path, '.json')}: .*{problem}"):
+        dumps.read_dump(path)
+
+
+def test_dump_inputs_that_would_mislead_are_named_errors(tmp_path):
+    path = small_dump(tmp_path)
+    dumps.companion(path, ".json").unlink()  # a run killed between publishing the arrays and their json
+    with pytest.raises(ModelDiffError, match=f"^{path}: all-positions dump without its {path.stem}.json"):
+        dumps.read_dump(path)
+    last = dumps.write_last_position(tmp_path, "pytorch", "m", np.zeros(8), [1, 2, 9], "a prompt")
+    with pytest.raises(ModelDiffError, match=r"pytorch-m-tokens.bin: token id 9 outside the vocabulary "
+                                             r"of the logits \(expected 0 <= id < 8\)"):
+        dumps.read_dump(last)
+    dumps.write_last_position(tmp_path, "pytorch", "m", np.zeros(8), [1, 2, 3], "a prompt")
+    assert dumps.read_dump(last)[2] == ["a prompt"]
+    dumps.companion(last, "-prompt.txt").write_bytes(b"prompt: caf\xe9\nn_tokens: 3\n")  # Latin-1, not UTF-8
+    with pytest.raises(ModelDiffError, match=r"pytorch-m-prompt.txt: not UTF-8 text \(byte 11: invalid "
+                                             r"continuation byte\); expected 'prompt: TEXT' as llama.cpp"):
+        dumps.read_dump(last)

@@ -372,3 +372,26 @@ def test_weight_assertions_markers_and_weights_only_files(pytester, run, demo_re
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*base.safetensors: a weights-only file cannot run a model; compare it with "
                                  "--modeldiff-checks weights*"])
+    # its weights check passed, but a candidate that was not compared never reads as passed
+    result.stdout.fnmatch_lines(["base.safetensors (weights, *) vs base.safetensors: NOT COMPARED (*weights-only*"])
+    assert "all checks passed" not in result.stdout.str()
+
+
+def test_bad_input_known_before_any_model_runs_is_one_usage_error(pytester, demo_ref, demo_cand, tmp_path):
+    """Exit 4 and one line naming the file, not a failed item per check and candidate."""
+    empty, latin1 = tmp_path / "empty.txt", tmp_path / "latin1.txt"
+    empty.write_text("  \n")
+    latin1.write_bytes("caf\u00e9".encode("latin-1"))
+    cases = {f"--eval-text={tmp_path / 'missing.txt'}": "*missing.txt: --eval-text file not found",
+             f"--eval-text={empty}": "*empty.txt: --eval-text file is empty",
+             f"--eval-text={latin1}": "*latin1.txt: --eval-text is not UTF-8 text*",
+             f"--eval-dataset={tmp_path / 'none.parquet'}": "*none.parquet: --eval-dataset file not found"}
+    for option, message in cases.items():
+        result = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={demo_ref}", f"--cand-model={demo_cand}",
+                                    option)
+        assert result.ret == 4, option
+        result.stderr.fnmatch_lines([f"ERROR: {message}"])
+        assert "Traceback" not in result.stderr.str() + result.stdout.str()
+    alone = pytester.runpytest("-p", "no:cacheprovider", f"--cand-model={demo_cand}")
+    assert alone.ret == 4
+    alone.stderr.fnmatch_lines(["ERROR: --cand-model needs a reference to compare against: give --ref-model PATH*"])

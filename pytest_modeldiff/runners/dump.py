@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dumps import companion, read_dump
+from ..dumps import companion, read_description, read_dump
 from ..errors import ModelDiffError
 from ..registry import MODEL_ENV
 from .base import FixedSequence, Runner
@@ -29,10 +29,7 @@ class DumpRunner(Runner):
             raise ModelDiffError(f"{self.path}: a logits dump must be a .bin file")
         self.rows, seqs, texts, self.n_vocab = read_dump(self.path)
         self.sequences = [FixedSequence(ids, text) for ids, text in zip(seqs, texts)]
-        self._meta_quant = None
-        meta = companion(self.path, ".json")
-        if meta.is_file():
-            self._meta_quant = json.loads(meta.read_text()).get("quant_type")
+        self._meta_quant = (read_description(self.path) or {}).get("quant_type")
 
     @property
     def name(self) -> str:
@@ -68,10 +65,13 @@ class DumpRunner(Runner):
     def declared_transformers_version(self) -> str | None:
         """As llama.cpp's compare scripts do: the original model's folder is $MODEL_PATH."""
         folder = os.environ.get(MODEL_ENV["reference"])
-        try:
-            return json.loads((Path(folder) / "config.json").read_text()).get("transformers_version") if folder else None
-        except (OSError, ValueError, AttributeError):
+        if not folder:
             return None
+        try:
+            version = json.loads((Path(folder) / "config.json").read_text()).get("transformers_version")
+        except (OSError, ValueError, AttributeError, RecursionError):  # only a hint: no config, no hint
+            return None
+        return version if isinstance(version, str) else None
 
     def tokenize(self, text: str) -> list[int] | None:
         return next((s.ids for s in self.sequences if s.text == text), None)

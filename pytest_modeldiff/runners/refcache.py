@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ModelDiffError
+from ..fields import short
 from ..refcache import SUFFIX, ReferenceCache
 from .base import FixedSequence, Forward, Runner, VocabInfo
 
@@ -26,6 +27,24 @@ class RefCacheRunner(Runner):
         self.header = self.cache.header
         self.sequences = [FixedSequence(s["ids"], s["text"], s["label"], tuple(s["scored"]) if s["scored"] else None)
                           for s in self.cache.sequences]
+        self._vocab = self._checked_vocab()
+
+    def _checked_vocab(self) -> VocabInfo | None:
+        """The recorded vocabulary; what the checks read of the header is checked at open (the
+        checksum proves the file intact, not that its writer used these types)."""
+        h, optional = self.header, (dict, type(None))
+        for field, types in (("quant_type", str), ("versions", optional), ("hparams", optional),
+                             ("vocab", optional)):
+            if not isinstance(h.get(field), types):
+                raise ModelDiffError(f"{self.path}: reference cache field {field} is {short(h.get(field))}, "
+                                     f"expected {'a string' if types is str else 'an object or null'}")
+        try:
+            vocab = VocabInfo(**h["vocab"]) if h.get("vocab") else None
+        except TypeError as exc:
+            raise ModelDiffError(f"{self.path}: reference cache vocab is not a vocabulary ({exc})") from None
+        if vocab and not (isinstance(vocab.tokens, list) and all(isinstance(t, str) for t in vocab.tokens)):
+            raise ModelDiffError(f"{self.path}: reference cache vocab tokens are not a list of strings")
+        return vocab
 
     @property
     def name(self) -> str:
@@ -59,14 +78,13 @@ class RefCacheRunner(Runner):
         return Forward(self.cache.logits(i), self.cache.hidden(i) if hidden else None)
 
     def vocab(self) -> VocabInfo | None:
-        return VocabInfo(**self.header["vocab"]) if self.header.get("vocab") else None
+        return self._vocab
 
     def hparams(self):
         return self.header.get("hparams")
 
     def piece(self, token_id: int) -> str:
-        vocab = self.header.get("vocab") or {}
-        tokens = vocab.get("tokens") or []
+        tokens = self._vocab.tokens if self._vocab else []
         return tokens[token_id] if 0 <= token_id < len(tokens) else f"<{token_id}>"
 
     def versions(self) -> dict[str, str]:
