@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class HParam:
@@ -47,14 +49,36 @@ def _complete(values: dict[str, Any]) -> dict[str, Any]:
     """Fill values both formats leave implicit, so a default is not reported as a mismatch."""
     if "n_head" in values:
         values.setdefault("n_head_kv", values["n_head"])
-        if "n_embd" in values:
-            values.setdefault("head_dim", values["n_embd"] // values["n_head"])
+        n_head, n_embd = values["n_head"], values.get("n_embd")
+        if _positive_int(n_head) and _positive_int(n_embd):
+            values.setdefault("head_dim", n_embd // n_head)
     values.setdefault("rope_scaling_type", "none")
     if values["rope_scaling_type"] in ("none", "default", "linear") and values.get("rope_scaling_factor") in (None, 1.0):
         values.pop("rope_scaling_factor", None)
     if values["rope_scaling_type"] == "default":
         values["rope_scaling_type"] = "none"
     return values
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _coerce(raw, kind: type):
+    """A GGUF value as ``kind`` for comparison and JSON: a per-layer array becomes one value when
+    all layers agree, else a list; a value that does not convert (a string where a number belongs,
+    NaN for an int) stays as it is, so the metadata check shows it rather than crashing on it."""
+    if isinstance(raw, np.ndarray):
+        raw = raw.tolist()
+    if isinstance(raw, (list, tuple)):
+        items = [_coerce(x, kind) for x in raw]
+        return items[0] if items and all(x == items[0] for x in items) else items
+    if isinstance(raw, np.generic):
+        raw = raw.item()
+    try:
+        return kind(raw)
+    except (TypeError, ValueError, OverflowError):
+        return raw
 
 
 def from_hf_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,7 +91,7 @@ def from_hf_config(config: Mapping[str, Any]) -> dict[str, Any]:
         for source in sources:
             found = next((source[a] for a in hp.hf if source.get(a) is not None), None)
             if found is not None:
-                values[hp.key] = hp.kind(found)
+                values[hp.key] = _coerce(found, hp.kind)  # a list or a stray type must not crash
                 break
     if rope.get("type") and "rope_scaling_type" not in values:
         values["rope_scaling_type"] = str(rope["type"])
@@ -76,14 +100,15 @@ def from_hf_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def from_gguf_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     """Canonical hyper-parameters from GGUF key/values (``{arch}`` = general.architecture)."""
-    arch = metadata.get("general.architecture", "llama")
+    arch = str(metadata.get("general.architecture", "llama"))
     values: dict[str, Any] = {}
     for hp in HPARAMS:
         raw = metadata.get(hp.gguf.format(arch=arch))
         if raw is not None:
-            values[hp.key] = hp.kind(raw)
-    if "n_vocab" not in values and "tokenizer.ggml.tokens" in metadata:
-        values["n_vocab"] = len(metadata["tokenizer.ggml.tokens"])
+            values[hp.key] = _coerce(raw, hp.kind)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if "n_vocab" not in values and isinstance(tokens, (list, np.ndarray)):
+        values["n_vocab"] = len(tokens)
     if "rope_freqs.weight" in tensor_names and "rope_scaling_type" not in values:
         values["rope_scaling_type"] = "llama3"  # llama.cpp stores Llama-3.1 scaling as a tensor
     return _complete(values)

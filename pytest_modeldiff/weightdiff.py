@@ -184,8 +184,15 @@ def _gguf_heads(reader: WeightReader) -> tuple[str, int, int]:
     """(architecture, attention heads, KV heads) from a GGUF's metadata."""
     meta = reader.config
     arch = meta.get("general.architecture", "")
-    n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 0)
-    return arch, n_head, int(meta.get(f"{arch}.attention.head_count_kv", n_head) or n_head)
+
+    def count(key: str, default: int) -> int:
+        """A head count; per-layer arrays (llama.cpp allows them) count by their largest layer."""
+        value = mapping._coerce(meta.get(key, default), int)
+        value = max((v for v in value if isinstance(v, int)), default=0) if isinstance(value, list) else value
+        return value if isinstance(value, int) and value > 0 else default
+
+    n_head = count(f"{arch}.attention.head_count", 0)
+    return arch, n_head, count(f"{arch}.attention.head_count_kv", n_head)
 
 
 # --------------------------------------------------------------------------- comparing

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = ROOT / "README.md"  # any text of more than 2 x n_ctx tokens
 N_CTX, CHUNKS = 128, 4
 
+pytestmark = pytest.mark.slow  # builds llama-perplexity from source: ~5 minutes on 2 cores, once
+
 
 @pytest.fixture(scope="module")
 def llama_perplexity() -> Path:

@@ -34,3 +34,30 @@ def test_mismatch_names_both_values():
     diffs = mapping.compare(mapping.from_hf_config(HF_V5), mapping.from_gguf_metadata(bad, set()))
     assert ("rope_freq_base", 10000.0, 50000.0) in diffs
     assert any(k == "norm_rms_eps" for k, _, _ in diffs)
+
+
+def test_gguf_values_of_any_shape_or_type_never_crash_and_stay_json():
+    """Per-layer arrays (numpy or list), 0 heads, strings or NaN where numbers belong: the metadata
+    check shows them as they are instead of raising (ZeroDivisionError, TypeError, ValueError)."""
+    import json
+
+    import numpy as np
+
+    odd = {**GGUF, "llama.attention.head_count": 0, "llama.attention.head_count_kv": np.array([1, 1, 1, 1]),
+           "llama.feed_forward_length": np.array([512, 512, 0, 512], dtype=np.int32),
+           "llama.context_length": "2048", "llama.vocab_size": float("nan"),
+           "llama.rope.freq_base": [10000.0],
+           "general.architecture": "llama"}
+    values = mapping.from_gguf_metadata(odd, set())
+    assert values["n_head"] == 0 and "head_dim" not in values
+    assert values["n_head_kv"] == 1 and values["n_ff"] == [512, 512, 0, 512]
+    assert values["rope_freq_base"] == 10000.0
+    assert values["n_ctx_train"] == 2048 and values["n_vocab"] != values["n_vocab"]  # NaN stays NaN
+    json.dumps(values)
+    diffs = {k for k, _, _ in mapping.compare(mapping.from_hf_config(HF_V5), values)}
+    assert {"n_head", "n_ff", "n_vocab"} <= diffs
+
+
+def test_zero_heads_in_a_config_do_not_divide_by_zero():
+    values = mapping.from_hf_config({**HF_V5, "num_attention_heads": 0})
+    assert values["n_head"] == 0 and "head_dim" not in values

@@ -27,7 +27,9 @@ def test_markdown_html_junit_and_the_candidate_table(pytester, tiny, tmp_path, m
     assert text.startswith("## ") and "tiny-q4_k_m" in text and "KLD p99" in text
     assert step_summary.read_text() == "earlier step\n" + text + "\n"
     assert page.read_text().startswith("<!DOCTYPE html>") and page.read_text().count("<svg") >= 3
-    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    # pytest 9.2 splits the node id into classname "modeldiff[...]" and name "kld"; 8.x kept it in name
+    cases = {"::".join(filter(None, (c.get("classname"), c.get("name")))): c
+             for c in ET.parse(junit).getroot().iter("testcase")}
     props = {p.get("name"): p.get("value") for p in cases["modeldiff[tiny-q8_0]::kld"].iter("property")}
     assert {"modeldiff_kld", "modeldiff_kld_threshold", "modeldiff_ppl_ratio", "modeldiff_kld_p99",
             "modeldiff_same_top", "modeldiff_status"} <= set(props)

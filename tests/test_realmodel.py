@@ -45,17 +45,23 @@ def test_bug_under_q4_k_m_noise_fails_the_check_that_names_it(run, bug):
     assert BUGS[bug][0] in failed, f"{bug} in q4_k_m: failed {failed}"
 
 
+# Extremes over ~1,000 positions: one position decides them, and another CPU's rounding (another
+# build of llama.cpp, other SIMD paths) moves them by more than the means (seen: KLD max +25 %).
+TAIL_COLUMNS = {"KLD p99", "KLD max", r"max \|diff\|"}
+
+
 def test_readme_scoreboard_is_this_run(run):
     """README's table is what `python fixtures/scoreboard.py` writes: same rows and verdicts,
-    numbers within 10 % (another CPU may round differently), so a change of defaults, text or
-    converter that is not regenerated there fails here."""
+    numbers within 10 % (extremes within 2x: another CPU rounds differently), so a change of
+    defaults, text or converter that is not regenerated there fails here."""
     fresh = [scoreboard.cells(line) for line in scoreboard.candidates_table(run.markdown)]
     readme = [scoreboard.cells(line) for line in scoreboard.readme_table(scoreboard.README.read_text())]
     assert [row[0] for row in readme] == [row[0] for row in fresh], "rerun python fixtures/scoreboard.py"
     for old, new in zip(readme[2:], fresh[2:]):
         for heading, a, b in zip(fresh[0], old, new):
             try:
-                same = math.isclose(float(a), float(b), rel_tol=0.1, abs_tol=1e-4)
+                rel_tol = 0.5 if heading in TAIL_COLUMNS else 0.1
+                same = math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-4)
             except ValueError:  # names, types, verdicts, empty cells
                 same = a == b
             assert same, f"{new[0]} {heading}: README {a!r}, now {b!r}; rerun python fixtures/scoreboard.py"

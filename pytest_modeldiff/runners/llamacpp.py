@@ -1,7 +1,16 @@
-"""Candidate runner: a GGUF file run by llama.cpp through llama-cpp-python, logits at every position."""
+"""Candidate runner: a GGUF file run by llama.cpp through llama-cpp-python, logits at every position.
+
+llama.cpp answers some bad files with a GGML_ASSERT that aborts the process. gguf_file.py refuses
+the ones it knows; for the rest, each file is first loaded once in a child process (probe_load),
+so an abort kills the child and becomes a ModelDiffError here instead of ending pytest.
+"""
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,15 +45,20 @@ class LlamaCppRunner(Runner):
             raise ModelDiffError(
                 "the llamacpp runner needs llama-cpp-python: pip install 'pytest-modeldiff[llamacpp]'") from None
         n_ctx = max(512, max_tokens)
+        load_error = probe_load(self.path, self._gpu_layers())
         try:
             self.llm = Llama(
                 model_path=str(self.path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                 logits_all=True, verbose=False, seed=0,
                 n_threads=self.threads or max(1, (os.cpu_count() or 2)),
-                n_gpu_layers=-1 if self.device.startswith("cuda") else 0,
+                n_gpu_layers=self._gpu_layers(),
             )
         except Exception as exc:
-            raise ModelDiffError(f"{self.path}: llama.cpp could not load the model: {exc}") from None
+            reason = load_error or exc  # llama-cpp-python's own message does not say why
+            raise ModelDiffError(f"{self.path}: llama.cpp could not load the model: {reason}") from None
+
+    def _gpu_layers(self) -> int:
+        return -1 if self.device.startswith("cuda") else 0
 
     def quant_type(self) -> str:
         return self.gguf.quant_type
@@ -76,6 +90,7 @@ class LlamaCppRunner(Runner):
         if self.llm is None:
             from llama_cpp import Llama
 
+            probe_load(self.path, self._gpu_layers())
             try:
                 self.llm = Llama(model_path=str(self.path), vocab_only=True, verbose=False)
             except Exception as exc:
@@ -107,6 +122,102 @@ class LlamaCppRunner(Runner):
         if self.llm is not None:
             self.llm.close()
             self.llm = None
+
+
+# --------------------------------------------------------------------------- the load probe
+PROBE_TIMEOUT_S = 600
+PROBE_TEXT = "Hello, world!\n\t12 + 30 = 42."
+LOAD_FAILED = 3  # the probe's exit status when llama.cpp refused the file with an error, not an abort
+_PROBE_SCRIPT = f"""
+import sys
+from llama_cpp import Llama
+
+def step(name):
+    print(name, flush=True)  # the parent names the step the child died in
+
+path, gpu_layers, text = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+step("loading")
+try:
+    llm = Llama(model_path=path, n_ctx=64, n_batch=16, n_ubatch=16, verbose=True, seed=0, n_threads=2,
+                n_gpu_layers=gpu_layers)
+except Exception:
+    sys.exit({LOAD_FAILED})
+try:
+    step("tokenizing"); ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+    step("evaluating"); llm.eval(ids[:8])
+    step("detokenizing"); llm.detokenize(ids, special=True)
+except Exception:
+    pass  # an error, not an abort: the in-process run reports it with its own message
+"""
+_PROBED: dict[tuple, tuple[str | None, str | None]] = {}
+
+
+def probe_load(path: Path, gpu_layers: int) -> str | None:
+    """Load, tokenize with and evaluate a few tokens of ``path`` in a child process, once per file
+    and process: raise ModelDiffError with llama.cpp's last words if the child dies. Returns
+    llama.cpp's error line when it refused the file cleanly (the in-process load then fails too,
+    and llama-cpp-python's own message does not say why). A probe that times out proves nothing
+    and lets the load go ahead."""
+    path = Path(path).resolve()
+    try:
+        stat = path.stat()
+    except OSError:
+        return None  # gone: the load itself says so
+    key = (path, stat.st_size, stat.st_mtime_ns, gpu_layers)
+    if key not in _PROBED:
+        _PROBED[key] = _run_probe(path, gpu_layers)
+    fatal, load_error = _PROBED[key]
+    if fatal:
+        raise ModelDiffError(fatal)
+    return load_error
+
+
+def _run_probe(path: Path, gpu_layers: int) -> tuple[str | None, str | None]:
+    """(the one-line error if the child died, llama.cpp's error line if it refused the file)."""
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # ggml would otherwise attach gdb for a backtrace
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE_SCRIPT, str(path), str(gpu_layers), PROBE_TEXT],
+                              capture_output=True, env=env, timeout=PROBE_TIMEOUT_S)
+    except (subprocess.TimeoutExpired, OSError):  # too slow to tell, or no interpreter to run it with
+        return None, None
+    log = done.stderr.decode("utf-8", "replace")
+    if done.returncode in (0, LOAD_FAILED):
+        reason = _log_line(log, "error loading model: ")
+        return None, reason.split("error loading model: ", 1)[1] if done.returncode and reason else None
+    steps = done.stdout.decode("utf-8", "replace").split()
+    step = steps[-1] if steps else "starting"
+    return (f"{path}: llama.cpp {_death(done.returncode)} while {step} in a probe process that runs this "
+            f"file: {_last_words(log)}"), None
+
+
+def _death(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"crashed ({signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"crashed (signal {-returncode})"
+    return f"exited with status {returncode}"
+
+
+SOURCE_LINE = r"\S*?([\w.-]+\.(?:c|cc|cpp|cu|h|m)):(\d+): "  # ggml_abort's "file:line: message"
+
+
+def _last_words(log: str) -> str:
+    """llama.cpp's GGML_ASSERT / GGML_ABORT line, or the C++ exception that ended it."""
+    line = _log_line(log, "GGML_ASSERT") or _log_line(log, SOURCE_LINE)
+    if line:
+        return line
+    thrown, what = _log_line(log, "terminate called"), _log_line(log, r"what\(\):")
+    if thrown:
+        return f"{thrown} ({what})" if what else thrown
+    return _log_line(log, "error") or "no message"
+
+
+def _log_line(log: str, pattern: str) -> str | None:
+    """The last log line matching ``pattern``, whitespace collapsed, source paths cut to the
+    file name."""
+    lines = [" ".join(line.split()) for line in log.splitlines() if re.search(pattern, line)]
+    return re.sub(SOURCE_LINE, r"\1:\2: ", lines[-1])[:300] if lines else None
 
 
 class _StateCapture:
