@@ -1,13 +1,10 @@
 """Root conftest: the test suite's shared fixtures (built models) live in tests/conftest.py.
 
-Kept at the root so `fixtures/` (the model builders) is importable from the tests.
+Kept at the root so pytest puts the repository root on ``sys.path`` (rootdir conftest, prepend
+import mode): the test models' package ``fixtures`` is then importable (``from fixtures import build``).
 """
 import os
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "fixtures"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from disk; never reach for a hub
 
 pytest_plugins = ["pytester"]

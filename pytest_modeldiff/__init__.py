@@ -2,7 +2,7 @@
 
 Without pytest: ``from pytest_modeldiff import compare`` (one call, see api.py) or the engine
 itself, ``from pytest_modeldiff import ModelDiff``; ``compare_weights`` diffs two checkpoints'
-tensors without running them (weightdiff.py).
+tensors without running them (weights/diff.py).
 """
 __version__ = "0.1.0"
 
@@ -14,16 +14,20 @@ def __getattr__(name):  # keep `import pytest_modeldiff` (and the pytest plugin)
         from .api import compare
 
         return compare
-    if name in ("ModelDiff", "Settings"):
-        from . import engine
+    if name == "ModelDiff":
+        from .engine.modeldiff import ModelDiff
 
-        return getattr(engine, name)
+        return ModelDiff
+    if name == "Settings":
+        from .engine.settings import Settings
+
+        return Settings
     if name == "compare_weights":
-        from .weightdiff import compare_weights
+        from .weights.diff import compare_weights
 
         return compare_weights
     if name == "Thresholds":
-        from .thresholds import Thresholds
+        from .checks.thresholds import Thresholds
 
         return Thresholds
     raise AttributeError(name)

@@ -1,7 +1,7 @@
 """The comparison as one Python call, without pytest: the same engine, checks and result objects
 that the plugin reports, for notebooks and other harnesses.
 
-    from pytest_modeldiff import compare
+    from . import compare
     report = compare("hf_model", ["model-q8_0.gguf"], checks=["kld", "tokens"], eval_length=128)
     report.passed                          # every selected check passed for every candidate
     report["model-q8_0"].result("kld")     # a CheckResult: status, value, threshold, rows, details
@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from .checks import FAILED, CheckResult, run_check
-from .engine import Comparison, ModelDiff, Pair, Settings, WeightComparison
+from .checks.registry import CHECKS, LOGIT_CHECKS
+from .checks.results import FAILED, CheckResult
+from .checks.run import run_check
+from .checks.thresholds import Thresholds
+from .engine.modeldiff import ModelDiff
+from .engine.records import Comparison, Pair, WeightComparison
+from .engine.settings import Settings
 from .errors import ModelDiffError, ModelDiffUsageError
-from .registry import CHECKS, LOGIT_CHECKS
-from .thresholds import Thresholds
 
 
 @dataclass
@@ -42,7 +45,7 @@ class CandidateReport:
         return next(r for r in self.results if r.name == check)
 
     def __str__(self) -> str:
-        from .report import failure_message, summary
+        from .report.text import failure_message, summary
 
         parts = [f"{self.name}: not compared: {self.error}"] if self.error else []
         if self.subject is not None and self.results:
@@ -71,18 +74,18 @@ class Report:
         return "\n\n".join(str(c) for c in self)
 
     def to_json(self) -> dict:
-        from .report import to_json
+        from .report.data import to_json
 
         return to_json({c.name: (c.subject, c.results) for c in self if c.results},
                        {c.name: c.error for c in self if c.error is not None}, self.environment)
 
     def write_json(self, path: str | Path) -> None:
-        from .report import write_json
+        from .report.data import write_json
 
         write_json(Path(path), self.to_json())
 
     def write_csv(self, path: str | Path) -> None:
-        from .report import write_csv
+        from .report.data import write_csv
 
         write_csv(Path(path), self.to_json())
 
@@ -104,7 +107,8 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
     names = list(CHECKS) if checks is None else list(checks)
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
-        raise ModelDiffUsageError(f"compare(checks=...): unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+        raise ModelDiffUsageError(f"compare(checks=...): unknown check(s) {', '.join(unknown)}; "
+                                  f"known: {', '.join(CHECKS)}")
     unknown = [k for k in settings if k not in Settings.__dataclass_fields__]
     if unknown:
         raise ModelDiffUsageError(f"compare(): unknown setting(s) {', '.join(unknown)}; "
@@ -113,7 +117,7 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
     settings.setdefault("layers", "layers" in names)
     if not isinstance(thresholds, Thresholds):
         thresholds = Thresholds(given=thresholds)
-    engine = ModelDiff(reference, candidates, Settings(**settings), thresholds, progress)
+    engine = ModelDiff(reference, candidates, Settings(**settings), progress)
     from_weights = [n for n in names if CHECKS[n].reads == "weights"]
     from_models = [n for n in names if n not in from_weights]
     try:
@@ -122,7 +126,7 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
             report = out[key] = CandidateReport(key, None)
             if from_weights:  # first: it needs no model, and a model that cannot load keeps this result
                 report.weights = engine.weights(key)
-                limits = engine.thresholds.resolve(report.weights.quant_class)
+                limits = thresholds.resolve(report.weights.quant_class)
                 report.results += [run_check(name, report.weights, limits) for name in from_weights]
             if not from_models:
                 continue
@@ -133,7 +137,7 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
             except ModelDiffError as exc:
                 report.error = str(exc)
                 continue
-            limits = engine.thresholds.resolve(report.comparison.quant_class)
+            limits = thresholds.resolve(report.comparison.quant_class)
             report.results += [run_check(name, report.comparison, limits) for name in from_models]
         return Report(out, engine.environment())
     finally:

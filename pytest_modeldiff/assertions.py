@@ -9,11 +9,15 @@ from __future__ import annotations
 import unittest
 from typing import Callable
 
-from . import checks
-from .engine import Comparison, WeightComparison
-from .report import failure_message
-from .registry import CHECKS
-from .thresholds import LayerLimits, Threshold, validate
+from .checks.layers import check_layers
+from .checks.logits import check_logits, topk_agreement_metric, topk_overlap_metric
+from .checks.registry import CHECKS
+from .checks.results import ERROR, FAILED, SKIPPED, CheckResult
+from .checks.run import EXACT_CHECKS, OWN_FUNCTION_CHECKS, run_check
+from .checks.thresholds import LayerLimits, Threshold, validate
+from .checks.weights import check_weights
+from .engine.records import TOPK_KEPT, Comparison, WeightComparison
+from .report.text import failure_message
 
 
 class ModelDiffAssertions:
@@ -45,18 +49,18 @@ class ModelDiffAssertions:
             return self.thresholds[name]
         return Threshold(validate({name: limit}, "the assertion argument")[name], "argument")
 
-    def check(self, name: str, limit=None) -> checks.CheckResult:
+    def check(self, name: str, limit=None) -> CheckResult:
         """Run one registered check; ``limit`` overrides its threshold for this call."""
         if name == "weights":
-            return checks.check_weights(self.weights, {**self.thresholds, **(
+            return check_weights(self.weights, {**self.thresholds, **(
                 {} if limit is None else {"weight_rel": self._threshold("weight_rel", limit)})})
-        if name in checks.EXACT_CHECKS:
-            return checks.run_check(name, self.comparison, self.thresholds)
+        if name in EXACT_CHECKS:
+            return run_check(name, self.comparison, self.thresholds)
         if name == "layers":
-            return checks.check_layers(self.comparison, self._layer_limits(limit))
-        if name in checks.OWN_FUNCTION_CHECKS:
-            return checks.OWN_FUNCTION_CHECKS[name](self.comparison, self._threshold(name, limit))
-        return checks.check_logits(name, self.comparison, self._threshold(name, limit))
+            return check_layers(self.comparison, self._layer_limits(limit))
+        if name in OWN_FUNCTION_CHECKS:
+            return OWN_FUNCTION_CHECKS[name](self.comparison, self._threshold(name, limit))
+        return check_logits(name, self.comparison, self._threshold(name, limit))
 
     def _layer_limits(self, limit) -> Threshold:
         """An argument (number or {pattern: number}) goes before the resolved per-layer limits."""
@@ -66,13 +70,13 @@ class ModelDiffAssertions:
         patterns = validate({"rfn": limit}, "the assertion argument")["rfn"]
         return Threshold(LayerLimits((("argument", tuple(patterns.items())), *resolved.value.sources)), "argument")
 
-    def _verify(self, result: checks.CheckResult) -> checks.CheckResult:
+    def _verify(self, result: CheckResult) -> CheckResult:
         """Failed or not computable: AssertionError with the table. Not applicable (a dump has
         no vocabulary): unittest.SkipTest, which pytest reports as a skip, never a silent pass."""
         __tracebackhide__ = True
-        if result.status == checks.SKIPPED:
+        if result.status == SKIPPED:
             raise unittest.SkipTest(f"modeldiff {result.name}: {result.reason}")
-        if result.status in (checks.FAILED, checks.ERROR):
+        if result.status in (FAILED, ERROR):
             message = failure_message(result, self.weights if result.name == "weights" else self.comparison)
             raise AssertionError(f"{message}\n{result.reason}" if result.reason else message)
         return result
@@ -109,19 +113,19 @@ class ModelDiffAssertions:
     def assert_topk_overlap(self, k: int = 10, min: float | None = None):
         """Mean |topk(ref) & topk(cand)| / k >= min (the top10 threshold unless given), 1 <= k <= 20."""
         __tracebackhide__ = True
-        if not 1 <= k <= checks.TOPK_KEPT:
-            raise ValueError(f"assert_topk_overlap: k must be between 1 and {checks.TOPK_KEPT}, got {k}")
-        metric = checks.topk_overlap_metric(k)
-        return self._verify(checks.check_logits("top10", self.comparison, self._threshold("top10", min), metric))
+        if not 1 <= k <= TOPK_KEPT:
+            raise ValueError(f"assert_topk_overlap: k must be between 1 and {TOPK_KEPT}, got {k}")
+        metric = topk_overlap_metric(k)
+        return self._verify(check_logits("top10", self.comparison, self._threshold("top10", min), metric))
 
     def assert_topk_agreement(self, k: int = 1, min: float | None = None):
         """Fraction of positions whose first k ids agree in order >= min (same_top threshold unless
         given); exllamav2's top-K agreement, k = 1 is same_top."""
         __tracebackhide__ = True
-        if not 1 <= k <= checks.TOPK_KEPT:
-            raise ValueError(f"assert_topk_agreement: k must be between 1 and {checks.TOPK_KEPT}, got {k}")
-        metric = checks.topk_agreement_metric(k)
-        return self._verify(checks.check_logits("same_top", self.comparison, self._threshold("same_top", min), metric))
+        if not 1 <= k <= TOPK_KEPT:
+            raise ValueError(f"assert_topk_agreement: k must be between 1 and {TOPK_KEPT}, got {k}")
+        metric = topk_agreement_metric(k)
+        return self._verify(check_logits("same_top", self.comparison, self._threshold("same_top", min), metric))
 
     def assert_prob_mse(self, max: float | None = None):
         """Mean (softmax(cand) - softmax(ref))^2 <= max (exllamav2's MSE)."""
@@ -142,7 +146,7 @@ class ModelDiffAssertions:
         __tracebackhide__ = True
         given = {key: self._threshold(key, value) for key, value in
                  (("weight_rel", rel), ("weight_cos", cos), ("weight_gain", gain)) if value is not None}
-        return self._verify(checks.check_weights(self.weights, {**self.thresholds, **given}))
+        return self._verify(check_weights(self.weights, {**self.thresholds, **given}))
 
     def assert_layer_rfn(self, max=None):
         """Every layer's mean rfn = ||h_cand - h_ref||_F / ||h_ref||_F within its limit: ``max`` is a

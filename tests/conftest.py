@@ -2,12 +2,11 @@
 import os
 from pathlib import Path
 
-import pytest
-
 # pytester's in-process runs drop modules first imported inside them; extension modules cannot
 # be imported twice, so everything the engine loads is imported here, outside the runs.
 import llama_cpp  # noqa: F401
 import pyarrow.parquet  # noqa: F401
+import pytest
 import tokenizers  # noqa: F401
 import torch  # noqa: F401
 import transformers.models.llama.modeling_llama  # noqa: F401
@@ -18,7 +17,8 @@ import pytest_modeldiff.runners.dump  # noqa: F401
 import pytest_modeldiff.runners.hf  # noqa: F401
 import pytest_modeldiff.runners.llamacpp  # noqa: F401
 
-# Tests run the reference afresh unless they test the cache (tests/test_refcache.py names its own).
+# Tests run the reference afresh unless they test the cache (unit/formats/test_refcache.py and
+# integration/test_plugin_refcache.py name their own).
 os.environ["MODELDIFF_REF_CACHE"] = "none"
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +38,6 @@ def demo_cand() -> Path:
 @pytest.fixture(scope="session")
 def tiny() -> Path:
     """Tiny Llama + llama.cpp conversions and broken variants (built once, cached on disk)."""
-    import build
+    from fixtures import build
 
     return build.tiny_set()

@@ -1,61 +1,19 @@
-"""Runner registry and detection: which runtime runs a given path.
-
-Runner modules are imported only when chosen, so listing or validating options stays light.
+"""Runtimes behind one small interface (base.py): a reference or candidate is a HF folder run by
+transformers (hf.py), a GGUF run by llama.cpp (llamacpp.py) or dequantized into transformers
+(gguf_torch.py), a logits dump (dump.py), a reference cache (refcache.py) or a weights-only file
+(weights.py). Adding a runtime adds a module and a row below; metrics, checks and the plugin do
+not change. This face holds only the table, so the plugin can list runners without importing one.
 """
-from __future__ import annotations
 
-import importlib
-import os
-from pathlib import Path
+RUNNERS = {
+    "hf": "pytest_modeldiff.runners.hf:HFRunner",
+    "llamacpp": "pytest_modeldiff.runners.llamacpp:LlamaCppRunner",
+    "gguf-torch": "pytest_modeldiff.runners.gguf_torch:GGUFTorchRunner",
+    "dump": "pytest_modeldiff.runners.dump:DumpRunner",
+    "weights": "pytest_modeldiff.runners.weights:WeightsRunner",
+    "refcache": "pytest_modeldiff.runners.refcache:RefCacheRunner",
+}
 
-from ..dumps import dump_in_folder, is_dump_folder, model_name
-from ..errors import ModelDiffError, ModelDiffUsageError
-from ..registry import MODEL_ENV, RUNNERS
-from ..weightfiles import is_torch_checkpoint
-from .base import FixedSequence, Runner, VocabInfo
-
-
-__all__ = ["RUNNERS", "FixedSequence", "Runner", "VocabInfo", "detect_runner", "make_runner"]
-
-
-def detect_runner(path: Path) -> str:
-    """dump for X.bin or a folder of dumps (X.bin beside X-tokens.bin), llamacpp for .gguf, refcache
-    for a reference cache (.mdref), hf for
-    any other folder (HFRunner names a missing config.json), weights for weights-only files
-    (.safetensors, .pt/.pth, .npz/.npy, a .bin that torch.save wrote)."""
-    path = Path(path)
-    if is_dump_folder(path):
-        return "dump"
-    if path.is_dir():
-        return "hf"
-    if path.suffix == ".gguf":
-        return "llamacpp"
-    if path.suffix == ".mdref":
-        return "refcache"
-    if path.suffix in WEIGHTS_ONLY or (path.suffix == ".bin" and is_torch_checkpoint(path)):
-        return "weights"
-    if path.suffix == ".bin":
-        return "dump"
-    raise ModelDiffError(
-        f"{path}: cannot tell how to run this file; expected a HF folder, a .gguf, a .bin logits dump or a "
-        f"weights file ({', '.join(WEIGHTS_ONLY)}) (or name the runtime with --ref-runner/--cand-runner: "
-        f"{', '.join(RUNNERS)})")
-
-
-WEIGHTS_ONLY = (".safetensors", ".pt", ".pth", ".npz", ".npy")
-
-
-def make_runner(path: Path, runner: str | None = None, device: str = "cpu", threads: int | None = None,
-                role: str = "candidate") -> Runner:
-    """Validate ``path`` and build its runner (auto-detected unless ``runner`` names one).
-    ``role`` ("reference" or "candidate") picks the side's dump out of a dump folder."""
-    if not Path(path).exists():
-        raise ModelDiffError(f"{path}: no such file or directory")
-    kind = runner or detect_runner(path)
-    if kind not in RUNNERS:
-        raise ModelDiffUsageError(f"unknown runner {kind!r}; choose from {', '.join(RUNNERS)}")
-    if kind == "dump" and Path(path).is_dir():
-        named = os.environ.get(MODEL_ENV[role])
-        path = dump_in_folder(Path(path), role, model_name(named) if named else None)
-    module, cls = RUNNERS[kind].split(":")
-    return getattr(importlib.import_module(module), cls)(Path(path), device=device, threads=threads)
+# llama.cpp's model-conversion scripts name the two models by environment variable; they are the
+# defaults for --ref-model / --cand-model and pick a model's dump out of a data/ folder.
+MODEL_ENV = {"reference": "MODEL_PATH", "candidate": "CONVERTED_MODEL"}

@@ -6,29 +6,20 @@ Metrics, checks and the plugin only talk to this interface, so a new runtime is 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from ..dumps import model_name
 from ..errors import ModelDiffError
+from ..formats.dumps import model_name
+from ..formats.vocab import VocabInfo
 
 
 def model_files(path: Path) -> list[Path]:
     """A model folder's files, or the model file itself."""
     return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-
-
-@dataclass
-class VocabInfo:
-    tokens: list[str]
-    merges: list[str] | None = None  # BPE merges "a b"
-    scores: list[float] | None = None  # SentencePiece / Unigram piece scores
-    special: dict[str, int | None] = field(default_factory=dict)  # bos, eos, unk, pad
-    add_bos: bool | None = None
-    add_eos: bool | None = None
 
 
 @dataclass
@@ -75,7 +66,7 @@ class Runner(ABC):
 
     def size(self) -> dict | None:
         """Its weight files' bytes, parameters and bits per weight (None without weights)."""
-        from ..weightfiles import model_size
+        from ..weights.files import model_size
 
         return model_size(self.path) if self.has_weights else None
 

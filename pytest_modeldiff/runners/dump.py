@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dumps import companion, read_description, read_dump
 from ..errors import ModelDiffError
-from ..registry import MODEL_ENV
+from ..formats.dumps import companion, read_description, read_dump
+from . import MODEL_ENV
 from .base import FixedSequence, Runner
 
 # quant labels as they appear in GGUF file names: model-q4_k_m, model-Q8_0, model-bf16 ...

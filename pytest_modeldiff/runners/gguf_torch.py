@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..gguf_file import open_gguf
-from .base import VocabInfo
+from ..formats.gguf_file import open_gguf
+from ..formats.vocab import VocabInfo
 from .hf import TorchCausalLM
 
 

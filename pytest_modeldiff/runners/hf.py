@@ -8,10 +8,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import mapping
 from ..errors import ModelDiffError
-from ..weightfiles import open_weights
-from .base import Forward, Runner, VocabInfo
+from ..formats import mapping
+from ..formats.vocab import VocabInfo
+from ..weights.files import open_weights
+from .base import Forward, Runner
 
 
 class TorchCausalLM(Runner):
@@ -121,7 +122,8 @@ class TorchCausalLM(Runner):
         self.load_tokenizer()
         (folder, extra), arguments = self._source(), self._model_arguments()
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **extra, **arguments).eval()
+            self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                              **extra, **arguments).eval()
         except Exception as exc:
             raise ModelDiffError(f"{self.path}: transformers could not load the model: {exc}") from None
         if "device_map" not in arguments:  # else transformers placed it
@@ -187,7 +189,8 @@ class HFRunner(TorchCausalLM):
             stored = open_weights(self.path).dominant_type()
         except ModelDiffError:
             return None
-        return None if stored == "GUESSED" else {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(stored, stored)
+        return (None if stored == "GUESSED"
+                else {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(stored, stored))
 
     def hparams(self) -> dict[str, Any]:
         return mapping.from_hf_config(self.config)

@@ -17,8 +17,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ModelDiffError
-from ..gguf_file import open_gguf
-from .base import Forward, Runner, VocabInfo
+from ..formats.gguf_file import open_gguf
+from ..formats.vocab import VocabInfo
+from .base import Forward, Runner
 
 
 class LlamaCppRunner(Runner):
@@ -230,7 +231,8 @@ class _StateCapture:
     def __init__(self, llm):
         import ctypes
 
-        from llama_cpp import _ggml, llama_cpp as C
+        from llama_cpp import _ggml
+        from llama_cpp import llama_cpp as C
         from llama_cpp._internals import LlamaBatch, LlamaContext
 
         ggml = _ggml.libggml
@@ -239,7 +241,8 @@ class _StateCapture:
                 ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]),
                 ("ggml_nrows", ctypes.c_int64, [ctypes.c_void_p]),
                 ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
-                ("ggml_backend_tensor_get", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])):
+                ("ggml_backend_tensor_get", None,
+                 [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t])):
             getattr(ggml, name).restype, getattr(ggml, name).argtypes = restype, argtypes
         self.ggml = ggml
         self.n_layers = C.llama_model_n_layer(llm._model.model)

@@ -10,9 +10,10 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ModelDiffError
-from ..fields import short
-from ..refcache import SUFFIX, ReferenceCache
-from .base import FixedSequence, Forward, Runner, VocabInfo
+from ..formats.fields import short
+from ..formats.refcache import SUFFIX, ReferenceCache
+from ..formats.vocab import VocabInfo
+from .base import FixedSequence, Forward, Runner
 
 
 class RefCacheRunner(Runner):

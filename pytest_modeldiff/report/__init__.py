@@ -1,0 +1,1 @@
+"""Output: terminal tables and failure messages, JSON and CSV, Markdown and HTML pages, SVG plots and baselines."""

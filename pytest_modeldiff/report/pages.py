@@ -1,0 +1,205 @@
+"""Human-readable pages rendered from the JSON report (``report.to_json``, "pytest-modeldiff report
+v2"): a Markdown summary (GitHub-flavoured, for $GITHUB_STEP_SUMMARY) and a self-contained HTML page
+with inline SVG plots. Both show, in order: the verdict, the reference and environment, the
+multi-candidate table, then per candidate its checks, failure details and llama-perplexity
+statistics."""
+from __future__ import annotations
+
+import math
+import re
+from html import escape
+from pathlib import Path
+
+from ..formats.atomic import write_atomic
+from ..metrics.klstats import KLStats, lines
+from . import plots
+from .data import CANDIDATE_COLUMNS, candidate_rows, cell, failures
+
+TITLE = "pytest-modeldiff report"
+STATUS_WORD = {"passed": "ok", "failed": "FAIL", "skipped": "skipped", "error": "ERROR"}
+
+
+# --------------------------------------------------------------------------- shared content
+def verdict(report: dict) -> str:
+    """"all checks passed" or "FAILED: <candidate>: <check>, ...; <candidate>: ..."."""
+    failed = [f"{cand['name']}: {', '.join(failures(cand))}" for cand in report["candidates"] if failures(cand)]
+    return f"FAILED: {'; '.join(failed)}" if failed else "all checks passed"
+
+
+def _size(size: dict | None) -> str:
+    return "size unknown" if not size else f"{size['bytes'] / 1e9:.4g} GB, {size['bpw']:.4g} BPW"
+
+
+def _facts(report: dict) -> list[tuple[str, str]]:
+    """(label, text) lines: the reference, then the environment's versions, settings and hashes."""
+    ref, env = report.get("reference"), report.get("environment") or {}
+    out = []
+    if ref:
+        out.append(("reference", f"{ref['path']} ({ref['runner']}, {ref['quant_type']}, {_size(ref.get('size'))})"))
+    if env.get("versions"):
+        out.append(("versions", ", ".join(f"{k} {v}" for k, v in env["versions"].items())))
+    if env.get("settings"):
+        out.append(("settings", ", ".join(f"{k}={v}" for k, v in env["settings"].items())))
+    out += [(f"sha256 {path}", digest) for path, digest in (env.get("models_sha256") or {}).items()]
+    return out
+
+
+def _check_rows(check: dict) -> list[tuple[str, str, str, str]]:
+    """``metric | value | threshold | status`` rows of one check; skipped/errored ones (and any
+    without rows) as a single row carrying the reason."""
+    if check["status"] in ("skipped", "error"):
+        return [(check["name"], check["status"], check.get("reason") or "", STATUS_WORD[check["status"]])]
+    if not check["rows"]:
+        return [(check["name"], cell(check["value"]), cell(check["threshold"]), STATUS_WORD[check["status"]])]
+    return [(r["metric"], r["value"], r["threshold"], "ok" if r["passed"] else "FAIL") for r in check["rows"]]
+
+
+def _candidate_line(cand: dict) -> str:
+    """The candidate's file, runner, type and size, then what failed."""
+    parts = []
+    if "path" in cand:
+        parts.append(f"{cand['path']} ({cand['runner']}, {cand['quant_type']}, {_size(cand.get('size'))})")
+    parts.append(f"FAILED {', '.join(failures(cand))}" if failures(cand) else "all checks passed")
+    return ": ".join(parts)
+
+
+def _numbers(value):
+    """Undo the JSON's spelling of NaN/Inf as strings (report._finite) before formatting numbers."""
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    return [_numbers(v) for v in value] if isinstance(value, list) else value
+
+
+def _kl_lines(cand: dict) -> list[str]:
+    return lines(KLStats(**_numbers(cand["kl_stats"]))) if cand.get("kl_stats") else []
+
+
+# --------------------------------------------------------------------------- Markdown
+def markdown_report(report: dict) -> str:
+    """A standalone GitHub-flavoured Markdown document starting with a ``## `` heading."""
+    out = [f"## {TITLE}", "", f"**{verdict(report)}**", ""]
+    out += [f"- {label}: `{text}`" for label, text in _facts(report)]
+    out += ["", "### Candidates", "", *_md_table([h for h, _ in CANDIDATE_COLUMNS],
+                                                  [[cell(v) for v in row] for row in candidate_rows(report)])]
+    for cand in report["candidates"]:
+        out += ["", f"### {cand['name']}", "", _candidate_line(cand), ""]
+        if "error" in cand:
+            out += ["Error:", "", *_fenced(str(cand["error"]).splitlines()), ""]
+        if cand.get("checks"):
+            out += _md_table(["metric", "value", "threshold", "status"],
+                             [row for check in cand["checks"] for row in _check_rows(check)])
+        for check in cand.get("checks", []):
+            if check["status"] == "failed" and check["details"]:
+                out += ["", f"{check['name']} failed at:", "", *_fenced(check["details"])]
+        if cand.get("kl_stats"):
+            out += ["", "llama-perplexity statistics:", "", *_fenced(_kl_lines(cand))]
+    out += ["", "Plots (KLD histograms, per-layer rfn, size vs KLD) are in the HTML report.", ""]
+    return "\n".join(out)
+
+
+def _md_table(head: list[str], rows: list) -> list[str]:
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+    return [line(head), "|" + "---|" * len(head), *(line(r) for r in rows)]
+
+
+def _fenced(text_lines: list[str]) -> list[str]:
+    """A code block whose fence is longer than any backtick run inside (details quote model text)."""
+    longest = max((len(run) for t in text_lines for run in re.findall("`+", t)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}text", *text_lines, fence]
+
+
+# --------------------------------------------------------------------------- HTML
+STYLE = """body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #999; padding: 2px 8px; text-align: left; }
+td { white-space: nowrap; }  /* keep 1.2e-05 whole */
+th { background: #eee; }
+td.ok { background: #dff0d8; color: #1e6b1e; }
+td.fail { background: #f8d7da; color: #a00; font-weight: bold; }
+td.skip { color: #777; }
+p.verdict { font-size: 1.2em; font-weight: bold; }
+.pass { color: #1e6b1e; } .failed { color: #a00; }
+pre { background: #f6f6f6; padding: 0.5em; overflow-x: auto; }
+svg { display: block; margin: 0.5em 0; }"""
+STATUS_CLASS = {"ok": "ok", "FAIL": "fail", "ERROR": "fail", "skipped": "skip"}
+
+
+def html_report(report: dict) -> str:
+    """A self-contained HTML5 page: no scripts, no external resources, plots as inline SVG."""
+    ref_name = Path(report["reference"]["path"]).name if report.get("reference") else "reference"
+    headline = verdict(report)
+    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">', f"<title>{TITLE}</title>",
+           f"<style>\n{STYLE}\n</style>", "</head>", "<body>", f"<h1>{TITLE}</h1>",
+           f'<p class="verdict {"failed" if headline.startswith("FAILED") else "pass"}">{escape(headline)}</p>',
+           "<details>", "<summary>Reference and environment</summary>", "<ul>",
+           *(f"<li>{escape(label)}: <code>{escape(text)}</code></li>" for label, text in _facts(report)),
+           "</ul>", "</details>", "<h2>Candidates</h2>",
+           *_html_table([h for h, _ in CANDIDATE_COLUMNS],
+                        [[cell(v) for v in row] for row in candidate_rows(report)])]
+    points = [(c["name"], c["size"]["bytes"] / 1e9, _numbers(c["kl_stats"]["kld_mean"]))
+              for c in report["candidates"] if c.get("size") and c.get("kl_stats")]
+    points = [p for p in points if 0 < p[1] < math.inf and 0 < p[2] < math.inf]  # log axes: no 0 or NaN
+    if points:
+        out.append(plots.scatter_svg(f"size vs KLD mean (reference {ref_name})", points, "size GB",
+                                     "KLD mean (nats)"))
+    for cand in report["candidates"]:
+        out += _html_candidate(cand, ref_name)
+    out += ["</body>", "</html>", ""]
+    return "\n".join(out)
+
+
+def _html_candidate(cand: dict, ref_name: str) -> list[str]:
+    title = f"{Path(cand.get('path', cand['name'])).name} vs {ref_name}"
+    out = [f"<h2>{escape(cand['name'])}</h2>",
+           f'<p class="{"failed" if failures(cand) else "pass"}">{escape(_candidate_line(cand))}</p>']
+    if "error" in cand:
+        out += ['<p class="failed">Error:</p>', _pre([str(cand["error"])])]
+    if cand.get("checks"):
+        out += _html_table(["metric", "value", "threshold", "status"],
+                           [row for check in cand["checks"] for row in _check_rows(check)], status_column=True)
+    for check in cand.get("checks", []):
+        if check["status"] == "failed" and check["details"]:
+            out += [f"<p>{escape(check['name'])} failed at:</p>", _pre(check["details"])]
+    if cand.get("kl_stats"):
+        out += ["<p>llama-perplexity statistics:</p>", _pre(_kl_lines(cand))]
+    histogram = cand.get("kld_histogram")
+    if histogram:
+        out.append(plots.histogram_svg(f"{title}: per-token KLD (below {histogram['below']}, above "
+                                       f"{histogram['above']}, NaN {histogram['nan']})", histogram["edges"],
+                                       histogram["counts"], "KLD (nats), log scale"))
+    for check in cand.get("checks", []):  # as report.write_layer_plots draws them
+        extra = _numbers(check.get("extra", {}))
+        if check["name"] == "layers" and extra.get("layers"):
+            rows = extra["layers"]
+            out.append(plots.rfn_svg(f"{title}: per-layer rfn", [row["name"] for row in rows],
+                                     [float(row["rfn_mean"]) for row in rows], [row["threshold"] for row in rows],
+                                     [row["isolated_rfn"] for row in rows]))
+        if check["name"] == "weights" and extra.get("weights", {}).get("layers"):
+            per_layer = extra["weights"]["layers"]
+            out.append(plots.bars_svg(f"{title}: weights per layer", list(per_layer), list(per_layer.values()),
+                                      "mean ||d||/||ref|| of the layer's tensors"))
+    return out
+
+
+def _html_table(head: list[str], rows: list, status_column: bool = False) -> list[str]:
+    def td(text, last):
+        css = STATUS_CLASS.get(text) if status_column and last else None
+        return f'<td class="{css}">{escape(str(text))}</td>' if css else f"<td>{escape(str(text))}</td>"
+    body = ("<tr>" + "".join(td(c, i == len(r) - 1) for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return ["<table>", "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>", *body, "</table>"]
+
+
+def _pre(text_lines: list[str]) -> str:
+    return "<pre>" + escape("\n".join(text_lines)) + "</pre>"
+
+
+def write_markdown(path: Path, report: dict) -> None:
+    write_atomic(Path(path), markdown_report(report))
+
+
+def write_html(path: Path, report: dict) -> None:
+    write_atomic(Path(path), html_report(report))

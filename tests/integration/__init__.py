@@ -1,0 +1,1 @@
+"""The plugin as a user meets it: pytester runs, the command line, compare(), the README's examples."""

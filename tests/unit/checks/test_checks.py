@@ -1,0 +1,61 @@
+"""Checks on hand-made values (the end-to-end cases are in tests/conversions/test_conversions.py)."""
+import numpy as np
+
+from pytest_modeldiff import compare
+from pytest_modeldiff.checks.exact import compare_vocab
+from pytest_modeldiff.checks.results import FAILED
+from pytest_modeldiff.formats import dumps
+from pytest_modeldiff.formats.vocab import VocabInfo
+
+REF = VocabInfo(tokens=["<s>", "a", "b", "ab"], merges=["a b"], scores=[0.0, -1.0, -2.0, -3.0],
+                special={"bos": 0, "eos": None}, add_bos=True, add_eos=False)
+
+
+def rows_of(cand):
+    rows, details = compare_vocab(REF, cand)
+    return {r.metric: r for r in rows}, details
+
+
+def test_identical_vocab_with_converter_padding_passes():
+    cand = VocabInfo(tokens=REF.tokens + ["[PAD4]", "[PAD5]"], merges=["a b"], scores=list(REF.scores),
+                     special={"bos": 0, "eos": 1}, add_bos=True, add_eos=False)
+    rows, details = rows_of(cand)
+    assert all(r.passed for r in rows.values()) and not details
+    assert set(rows) == {"token strings", "vocabulary size", "merges", "scores", "bos id", "add_bos flag",
+                         "add_eos flag"}
+
+
+def test_each_difference_is_named():
+    cand = VocabInfo(tokens=["<s>", "b", "a", "ab", "extra"], merges=["a c"], scores=[0.0, -1.0, -2.5, -3.0],
+                     special={"bos": 3}, add_bos=False, add_eos=False)
+    rows, details = rows_of(cand)
+    failed = {k for k, r in rows.items() if not r.passed}
+    assert failed == {"token strings", "vocabulary size", "merges", "scores", "bos id", "add_bos flag"}
+    assert rows["token strings"].value == "2 differ of 4"
+    assert details == ["token 1: reference 'a' vs candidate 'b'", "token 2: reference 'b' vs candidate 'a'",
+                       "merge 0: reference 'a b' vs candidate 'a c'", "score 2: reference -2.0 vs candidate -2.5"]
+
+
+def write_dump(folder, prefix, name, logits, ids):
+    writer = dumps.AllPositionsWriter(folder, prefix, name)
+    writer.add(np.asarray(logits, np.float32), ids, None)
+    return writer.finish(len(logits[0]), {})
+
+
+def test_topk_acc_drop_fails_naming_the_lost_positions(tmp_path):
+    """Recorded logits over a 4-token vocabulary: the reference ranks each next token first, the
+    candidate ranks them 2nd, 2nd and 4th."""
+    ids = [0, 3, 2, 1]
+    ref = [[0, 1, 0, 2], [0, 1, 2, 0], [0, 3, 2, 1], [1, 0, 0, 0]]
+    cand = [[0, 2, 0, 1], [2, 1, 1.5, 0], [3, 0, 2, 1], [1, 0, 0, 0]]
+    report = compare(write_dump(tmp_path, "pytorch", "ref", ref, ids),
+                     write_dump(tmp_path, "llamacpp", "cand-q8_0", cand, ids), checks=["topk_acc_drop"])
+    result = report["llamacpp-cand-q8_0-all"].result("topk_acc_drop")
+    assert result.status == FAILED and result.value == 1.0
+    assert result.rows[0].metric == "top-1 accuracy drop, worst of K = 1..5 (1 -> 0 over 3 next tokens)"
+    assert result.details[0] == ("top-1: the candidate misses 3 next tokens that the reference has in its top 1, "
+                                 "and finds 0 that the reference misses")
+    assert result.details[1].startswith("sequence 'recorded 0' position 2 after ")
+    assert "next token '<1>' ranked 1 by the reference, 4 by the candidate (kld " in result.details[1]
+    assert [d.split(" position ")[1][0] for d in result.details[1:]] == ["2", "0", "1"], "worst rank first"
+    assert "top-2 accuracy" in str(report) and result.hint
