@@ -192,7 +192,10 @@ def test_a_token_mismatch_names_a_newer_transformers_from_the_reference_config(l
         assert tokens.hint.startswith("the reference's config.json was written by transformers 99.1.0, newer than "
                                       f"the installed {transformers.__version__}: install that version "
                                       "(pip install transformers==99.1.0)")
-    monkeypatch.setenv("MODEL_PATH", str(demo_ref))  # 5.23.0, the installed version: no such hint
+    same = tmp_path / "same"  # written by the installed version: no such hint
+    shutil.copytree(demo_ref, same)
+    (same / "config.json").write_text(json.dumps({**config, "transformers_version": transformers.__version__}))
+    monkeypatch.setenv("MODEL_PATH", str(same))
     tokens = compare(llama_cpp_data / "pytorch-hf.bin", cand,
                      checks=["tokens"])["llamacpp-retokenized"].result("tokens")
     assert tokens.status == FAILED and "transformers" not in tokens.hint
