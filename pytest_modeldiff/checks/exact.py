@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from gguf import Keys
 
 from ..formats import mapping
-from ..formats.vocab import VocabInfo
+from ..formats.vocab import VocabInfo, first_different_line, render_chat
 from .results import FAILED, PASSED, SKIPPED, CheckResult, Row
 
 if TYPE_CHECKING:  # records of the engine, which runs the checks: no import at run time
@@ -74,8 +74,9 @@ def check_vocab(cmp: Comparison, threshold=None) -> CheckResult:
     result = CheckResult("vocab", cmp.name, PASSED, rows, details)
     if not all(r.passed for r in rows):
         result.status = FAILED
-        result.hint = ("re-convert with the tokenizer files that belong to the reference; special ids and "
-                       "add-bos/eos flags come from tokenizer_config.json / generation_config.json")
+        result.hint = ("re-convert with the tokenizer files that belong to the reference; special ids, "
+                       "add-bos/eos flags and the chat template come from tokenizer_config.json / "
+                       "generation_config.json / chat_template.jinja")
     return result
 
 
@@ -106,7 +107,37 @@ def compare_vocab(ref: VocabInfo, cand: VocabInfo) -> tuple[list[Row], list[str]
         a, b = getattr(ref, name), getattr(cand, name)
         if a is not None and b is not None:
             rows.append(Row(f"{name} flag", f"{a} vs {b}", "equal", a == b))
+    if ref.chat_template is not None:
+        row, detail = _compare_chat_templates(ref, cand)
+        rows.append(row)
+        details += detail
     return rows, details
+
+
+def _compare_chat_templates(ref: VocabInfo, cand: VocabInfo) -> tuple[Row, list[str]]:
+    """The reference's chat template must reach the candidate unchanged: missing or changed text
+    fails, with the first differing line of the template and of a sample conversation rendered
+    through both (what a chat front end would send the model)."""
+    if cand.chat_template is None:
+        return Row("chat template", "missing in the candidate", "identical", False), [
+            f"chat template: the reference has one ({len(ref.chat_template)} characters), the candidate has no "
+            f"{Keys.Tokenizer.CHAT_TEMPLATE}"]
+    if cand.chat_template == ref.chat_template:
+        return Row("chat template", f"{len(ref.chat_template)} characters", "identical", True), []
+    details = []
+    where = first_different_line(ref.chat_template, cand.chat_template)
+    if where:
+        details.append(f"chat template line {where[0]}: reference {where[1]!r} vs candidate {where[2]!r}")
+
+    def special(vocab: VocabInfo, name: str) -> str | None:
+        token_id = vocab.special.get(name)
+        return vocab.tokens[token_id] if token_id is not None and 0 <= token_id < len(vocab.tokens) else None
+
+    rendered = [render_chat(v.chat_template, special(v, "bos"), special(v, "eos")) for v in (ref, cand)]
+    where = first_different_line(*rendered)
+    details.append("sample conversation renders the same" if where is None else
+                   f"sample conversation, rendered line {where[0]}: reference {where[1]!r} vs candidate {where[2]!r}")
+    return Row("chat template", "changed", "identical", False), details
 
 
 def check_metadata(cmp: Comparison, threshold=None) -> CheckResult:

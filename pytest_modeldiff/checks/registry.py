@@ -132,7 +132,8 @@ CHECKS: dict[str, Check] = {
             reads="weights",
         ),
         Check("tokens", "each side's own tokenization of the same text is identical", EXACT),
-        Check("vocab", "vocabulary, merges/scores, special-token ids and add-bos/eos flags", EXACT),
+        Check("vocab", "vocabulary, merges/scores, special-token ids, add-bos/eos flags and the chat template "
+                       "(text and a rendered sample conversation)", EXACT),
         Check("metadata", "architecture hyper-parameters (layers, heads, rope, norm eps, ...)", EXACT),
         Check(
             "kld",

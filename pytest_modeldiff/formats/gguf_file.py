@@ -176,6 +176,8 @@ class GGUFFile:
             special={name: token_id(key) for name, key in SPECIAL_IDS.items()},
             add_bos=_flag(meta.get(Keys.Tokenizer.ADD_BOS)),
             add_eos=_flag(meta.get(Keys.Tokenizer.ADD_EOS)),
+            chat_template=meta.get(Keys.Tokenizer.CHAT_TEMPLATE) if isinstance(
+                meta.get(Keys.Tokenizer.CHAT_TEMPLATE), str) else None,
         )
 
 

@@ -208,7 +208,24 @@ class HFRunner(TorchCausalLM):
                      "unk": tok.unk_token_id, "pad": tok.pad_token_id},
             add_bos=adds_bos,
             add_eos=adds_eos,
+            chat_template=self._chat_template(),
         )
+
+    def _chat_template(self) -> str | None:
+        """The default chat template: chat_template.jinja (transformers >= 4.43 saves it there),
+        else tokenizer_config.json's chat_template (a string, or named templates: "default")."""
+        jinja = self.path / "chat_template.jinja"
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8", errors="replace")
+        path = self.path / "tokenizer_config.json"
+        try:
+            template = json.loads(path.read_text(encoding="utf-8")).get("chat_template") if path.is_file() else None
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return None
+        if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        return template if isinstance(template, str) else None
 
     def vocab(self) -> VocabInfo:
         return self._vocab

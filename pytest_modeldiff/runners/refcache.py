@@ -45,6 +45,9 @@ class RefCacheRunner(Runner):
             raise ModelDiffError(f"{self.path}: reference cache vocab is not a vocabulary ({exc})") from None
         if vocab and not (isinstance(vocab.tokens, list) and all(isinstance(t, str) for t in vocab.tokens)):
             raise ModelDiffError(f"{self.path}: reference cache vocab tokens are not a list of strings")
+        if vocab and not isinstance(vocab.chat_template, (str, type(None))):
+            raise ModelDiffError(f"{self.path}: reference cache chat template is {short(vocab.chat_template)}, "
+                                 "expected a string or null")
         return vocab
 
     @property

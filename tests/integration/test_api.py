@@ -86,3 +86,37 @@ def test_a_model_that_cannot_load_keeps_its_weights_result(demo_ref, demo_cand, 
     assert "not compared" in str(report) and "modeldiff weights FAILED" in str(report)
     data = report.to_json()["candidates"][0]
     assert data["error"] == cand.error and data["checks"][0]["status"] == FAILED
+
+
+def test_chat_template_reaches_the_vocab_check_from_both_files(demo_ref, demo_cand, tmp_path):
+    """HF side from tokenizer_config.json (or chat_template.jinja), GGUF side from
+    tokenizer.chat_template: missing, then changed, then identical."""
+    import json
+    import shutil
+
+    from fixtures.broken import rewrite_gguf
+
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    ref = tmp_path / "hf"
+    shutil.copytree(demo_ref, ref)
+    config = json.loads((ref / "tokenizer_config.json").read_text())
+    (ref / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+
+    def vocab(cand):
+        result = compare(ref, [cand], checks=["vocab"])[cand.stem].result("vocab")
+        return result.status, {r.metric: r.value for r in result.rows}.get("chat template"), result.details
+
+    assert vocab(demo_cand) == ("failed", "missing in the candidate", [
+        f"chat template: the reference has one ({len(template)} characters), the candidate has no "
+        "tokenizer.chat_template"])
+    changed = tmp_path / "changed.gguf"
+    rewrite_gguf(demo_cand, changed, set_kv={"tokenizer.chat_template": template.replace(": ", " said: ")})
+    status, value, details = vocab(changed)
+    assert (status, value) == ("failed", "changed")
+    assert details[-1] == ("sample conversation, rendered line 1: reference 'system: You are a helpful assistant.' "
+                           "vs candidate 'system said: You are a helpful assistant.'")
+    same = tmp_path / "same.gguf"
+    rewrite_gguf(demo_cand, same, set_kv={"tokenizer.chat_template": template})
+    (ref / "chat_template.jinja").write_text(template)  # transformers' newer place wins over the config
+    (ref / "tokenizer_config.json").write_text(json.dumps(config))
+    assert vocab(same) == ("passed", f"{len(template)} characters", [])

@@ -59,3 +59,41 @@ def test_topk_acc_drop_fails_naming_the_lost_positions(tmp_path):
     assert "next token '<1>' ranked 1 by the reference, 4 by the candidate (kld " in result.details[1]
     assert [d.split(" position ")[1][0] for d in result.details[1:]] == ["2", "0", "1"], "worst rank first"
     assert "top-2 accuracy" in str(report) and result.hint
+
+
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_rows(ref_template, cand_template):
+    ref = VocabInfo(tokens=REF.tokens, special={"bos": 0}, chat_template=ref_template)
+    cand = VocabInfo(tokens=REF.tokens, special={"bos": 0}, chat_template=cand_template)
+    rows, details = compare_vocab(ref, cand)
+    return {r.metric: r for r in rows}.get("chat template"), details
+
+
+def test_chat_template_identical_missing_and_changed():
+    row, details = chat_rows(CHAT, CHAT)
+    assert row.passed and row.value == f"{len(CHAT)} characters" and not details
+    assert chat_rows(None, CHAT)[0] is None  # the reference has none: nothing to carry over
+    row, details = chat_rows(CHAT, None)
+    assert not row.passed and row.value == "missing in the candidate"
+    assert details == [f"chat template: the reference has one ({len(CHAT)} characters), the candidate has no "
+                       "tokenizer.chat_template"]
+    row, details = chat_rows(CHAT, CHAT.replace("<|im_end|>\n", "<|im_end|>"))
+    assert not row.passed and row.value == "changed"
+    assert details[0].startswith("chat template line 2: reference \"{{ m['content'] }}<|im_end|>\" vs candidate ")
+    # rendered as transformers renders it: the sample conversation's second line is where they part
+    assert details[1] == ("sample conversation, rendered line 2: reference 'You are a helpful assistant.<|im_end|>' "
+                          "vs candidate 'You are a helpful assistant.<|im_end|><|im_start|>user'")
+
+
+def test_chat_template_that_renders_the_same_still_fails_and_says_so():
+    row, details = chat_rows(CHAT, CHAT.replace("m['role']", "m.role"))
+    assert not row.passed and details[-1] == "sample conversation renders the same"
+
+
+def test_chat_template_that_does_not_render_is_reported_not_raised():
+    row, details = chat_rows(CHAT, "{% if %}")
+    assert not row.passed and details[-1].startswith("sample conversation, rendered line 1: reference '<|im_start|>"
+                                                     "system' vs candidate \"error: TemplateSyntaxError")
