@@ -129,11 +129,7 @@ def _compare_chat_templates(ref: VocabInfo, cand: VocabInfo) -> tuple[Row, list[
     if where:
         details.append(f"chat template line {where[0]}: reference {where[1]!r} vs candidate {where[2]!r}")
 
-    def special(vocab: VocabInfo, name: str) -> str | None:
-        token_id = vocab.special.get(name)
-        return vocab.tokens[token_id] if token_id is not None and 0 <= token_id < len(vocab.tokens) else None
-
-    rendered = [render_chat(v.chat_template, special(v, "bos"), special(v, "eos")) for v in (ref, cand)]
+    rendered = [render_chat(v.chat_template, v.special_token("bos"), v.special_token("eos")) for v in (ref, cand)]
     where = first_different_line(*rendered)
     details.append("sample conversation renders the same" if where is None else
                    f"sample conversation, rendered line {where[0]}: reference {where[1]!r} vs candidate {where[2]!r}")

@@ -110,11 +110,8 @@ class ModelDiff:
             text = evaldata.read_text_file(s.eval_text)
             return evaldata.chunked_input(text, ref.tokenize, s.eval_rows, s.eval_length, bos_id, s.eval_text.name)
 
-        def special(name):
-            token_id = vocab.special.get(name) if vocab else None
-            return vocab.tokens[token_id] if token_id is not None and token_id < len(vocab.tokens) else None
-
-        return evaldata.builtin_input(ref.tokenize, s.eval_length, special("bos"), special("eos"))
+        bos, eos = (vocab.special_token("bos"), vocab.special_token("eos")) if vocab else (None, None)
+        return evaldata.builtin_input(ref.tokenize, s.eval_length, bos, eos)
 
     def _reference(self) -> "ReferenceStore":
         if self._ref_store is None:

@@ -15,6 +15,8 @@ import gguf
 import numpy as np
 from gguf import Keys
 
+from .fields import is_int
+
 
 @dataclass(frozen=True)
 class HParam:
@@ -52,7 +54,7 @@ def _complete(values: dict[str, Any]) -> dict[str, Any]:
     if "n_head" in values:
         values.setdefault("n_head_kv", values["n_head"])
         n_head, n_embd = values["n_head"], values.get("n_embd")
-        if _positive_int(n_head) and _positive_int(n_embd):
+        if is_int(n_head, 1) and is_int(n_embd, 1):
             values.setdefault("head_dim", n_embd // n_head)
     values.setdefault("rope_scaling_type", "none")
     if (values["rope_scaling_type"] in ("none", "default", "linear")
@@ -61,10 +63,6 @@ def _complete(values: dict[str, Any]) -> dict[str, Any]:
     if values["rope_scaling_type"] == "default":
         values["rope_scaling_type"] = "none"
     return values
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _coerce(raw, kind: type):

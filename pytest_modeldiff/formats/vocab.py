@@ -16,6 +16,11 @@ class VocabInfo:
     add_eos: bool | None = None
     chat_template: str | None = None  # tokenizer.chat_template / tokenizer_config.json / chat_template.jinja
 
+    def special_token(self, name: str) -> str | None:
+        """The text of special token ``name`` ("bos", "eos", ...), None if unset or out of range."""
+        token_id = self.special.get(name)
+        return self.tokens[token_id] if token_id is not None and 0 <= token_id < len(self.tokens) else None
+
 
 # A conversation with every role a template usually handles, for rendering both sides' templates.
 SAMPLE_CONVERSATION = (
