@@ -102,6 +102,10 @@ OPTIONS = (
     # where it runs
     Option("--modeldiff-device", "device for torch runners and llama.cpp offload (default cpu)", "device",
            ini="modeldiff_device", choices=("cpu", "cuda")),
+    Option("--ref-dtype", "precision of a torch reference: float32 when it fits the memory it may use, else the "
+           "checkpoint's own 16-bit type (auto, the default), or float32, bfloat16, float16; the summary and JSON say "
+           "which ran and why", "ref_dtype", ini="modeldiff_ref_dtype",
+           choices=("auto", "float32", "bfloat16", "float16")),
     Option("--modeldiff-threads", "CPU threads per model (default: all cores)", "threads", at_least(1), metavar="N"),
     Option("--modeldiff-ref-cache", "reuse the reference's outputs from this cache folder (default: "
            "$MODELDIFF_REF_CACHE, else ~/.cache/pytest-modeldiff/reference; 'none' turns it off)", "ref_cache",

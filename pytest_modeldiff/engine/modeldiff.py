@@ -39,6 +39,7 @@ class ModelDiff:
         self.progress = progress or (lambda message: None)
         s = self.settings
         self.reference = make_runner(Path(ref), s.ref_runner, s.device, s.threads, role="reference")
+        self.reference.dtype = s.ref_dtype
         self.candidates: dict[str, Runner] = {}
         for path in candidates:
             runner = make_runner(Path(path), s.cand_runner, s.device, s.threads, role="candidate")

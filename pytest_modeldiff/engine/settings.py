@@ -15,6 +15,7 @@ class Settings:
     eval_rows: int = 8
     eval_length: int = 256
     device: str = "cpu"
+    ref_dtype: str = "auto"  # the torch reference's precision: auto (float32 if it fits), float32, bfloat16, float16
     threads: int | None = None
     dump_dir: Path | None = None
     ref_runner: str | None = None
@@ -37,6 +38,8 @@ class Settings:
         if self.llama_perplexity_compat and not (self.eval_text or self.eval_dataset):
             raise ModelDiffUsageError("--modeldiff-llama-perplexity-compat evaluates a text like llama-perplexity's "
                                       "-f FILE: give --eval-text FILE (or --eval-dataset)")
+        if self.ref_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ModelDiffUsageError(f"--ref-dtype: {self.ref_dtype!r} is not auto, float32, bfloat16 or float16")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ModelDiffUsageError(f"--modeldiff-device: {self.device!r} is not cpu or cuda")
 

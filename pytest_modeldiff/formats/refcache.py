@@ -56,6 +56,7 @@ def cache_path(directory: Path, runner, sequences, device: str) -> tuple[Path, s
     model_hash = files_sha256(runner.files())
     key = hashlib.sha256(json.dumps({
         "model": model_hash, "runner": runner.kind, "versions": runner.versions(), "device": device,
+        "dtype": runner.compute_dtype() and runner.compute_dtype()[0],
         "sequences": [[list(map(int, s.ids)), s.scored] for s in sequences]}).encode()).hexdigest()
     return Path(directory) / f"{runner.name}-{key[:16]}{SUFFIX}", model_hash
 
@@ -321,4 +322,5 @@ def header_for(runner, model_hash: str, device: str) -> dict:
     vocab = runner.vocab()
     return {"model_path": str(Path(runner.path).resolve()), "model_name": runner.name, "model_sha256": model_hash,
             "runner": runner.kind, "quant_type": runner.quant_type(), "device": device,
+            "compute_dtype": runner.compute_dtype() and runner.compute_dtype()[0],
             "versions": runner.versions(), "vocab": asdict(vocab) if vocab else None, "hparams": runner.hparams()}

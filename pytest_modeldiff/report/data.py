@@ -23,8 +23,10 @@ def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict
     for cmp, results in comparisons.values():
         ran = isinstance(cmp, Comparison) and cmp.stats is not None  # else no model ran
         if "reference" not in out:
+            dtype = cmp.reference.compute_dtype()
             out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
-                                "quant_type": cmp.reference.quant_type(), "size": cmp.reference.size()}
+                                "quant_type": cmp.reference.quant_type(), "size": cmp.reference.size(),
+                                "dtype": dtype and dtype[0], "dtype_reason": dtype and dtype[1]}
         out["candidates"].append({
             "name": cmp.name, "path": str(cmp.candidate.path), "runner": cmp.candidate.kind,
             "quant_type": cmp.quant_type, "quant_class": cmp.quant_class, "size": cmp.candidate.size(),

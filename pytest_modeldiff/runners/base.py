@@ -49,6 +49,7 @@ class Runner(ABC):
     gives_hidden: ClassVar[bool] = False  # forward() can return hidden states
     feeds_layers: ClassVar[bool] = False  # can run its layers on the reference's states
     has_weights: ClassVar[bool] = True  # its path holds weight files the weights check can read
+    dtype: str = "auto"  # torch runners: the precision asked for (--ref-dtype); other runtimes run their own types
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
         self.path = Path(path)
@@ -115,6 +116,11 @@ class Runner(ABC):
         return None
 
     def hparams(self) -> dict[str, Any] | None:
+        return None
+
+    def compute_dtype(self) -> tuple[str, str] | None:
+        """(the dtype the model's arithmetic runs in, why that one) for runners that choose one
+        (torch); None where the runtime picks per tensor (llama.cpp) or nothing runs (dumps)."""
         return None
 
     def fixed_sequences(self) -> list[FixedSequence] | None:

@@ -1,7 +1,9 @@
-"""Reference runner: a Hugging Face checkpoint folder run by transformers in float32."""
+"""Reference runner: a Hugging Face checkpoint folder run by transformers (float32 unless --ref-dtype or
+the memory it may use says otherwise)."""
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
@@ -13,6 +15,54 @@ from ..formats import mapping
 from ..formats.vocab import VocabInfo
 from ..weights.files import open_weights
 from .base import Forward, Runner
+
+# float32 weights plus activations, the autograd-free forward's buffers and the allocator's slack
+# (measured: SmolLM2-135M f32 peaks at 1.5x its 0.54 GB of weights on 4 x 256 tokens)
+FLOAT32_FOOTPRINT = 1.5
+
+
+def resolve_dtype(requested: str, stored: str | None, params: int | None,
+                  available: int | None) -> tuple[str, str]:
+    """(dtype to run in, why): ``auto`` runs float32 when ``params`` float32 weights (times
+    FLOAT32_FOOTPRINT) fit the ``available`` bytes, else the checkpoint's own 16-bit type
+    (bfloat16 for anything else); an explicit choice is taken as given."""
+    if requested != "auto":
+        return requested, "--ref-dtype"
+    need = None if params is None else FLOAT32_FOOTPRINT * 4 * params
+    if need is None or available is None or need <= available:
+        return "float32", "auto: float32 fits"
+    stored = {"f16": "float16", "bf16": "bfloat16"}.get(str(stored).lower(), str(stored).lower())
+    own = stored if stored in ("bfloat16", "float16") else "bfloat16"
+    return own, (f"auto: float32 needs ~{need / 1e9:.1f} GB, {available / 1e9:.1f} GB available; "
+                 f"{own} {'as stored' if own == stored else 'instead'}")
+
+
+def available_memory(device: str) -> int | None:
+    """Bytes the model may use: free device memory on CUDA, else the host's available memory
+    (MemAvailable, capped by a cgroup limit); None when unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0] if torch.cuda.is_available() else None
+    found = []
+    try:
+        meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        found.append(int(meminfo["MemAvailable"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read())
+        if limit.isdigit():
+            found.append(int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    if not found and hasattr(os, "sysconf"):
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError):
+            pass
+    return min(found) if found else None
 
 
 class TorchCausalLM(Runner):
@@ -99,7 +149,16 @@ class TorchCausalLM(Runner):
     def _model_arguments(self) -> dict:
         import torch
 
-        return {"dtype": torch.float32}
+        return {"dtype": getattr(torch, self.compute_dtype()[0])}
+
+    @cached_property
+    def _dtype(self) -> tuple[str, str]:
+        size = self.size() if self.dtype == "auto" else None
+        return resolve_dtype(self.dtype, self.quant_type(), size and size["params"],
+                             available_memory(self.device) if size else None)
+
+    def compute_dtype(self) -> tuple[str, str] | None:
+        return self._dtype
 
     def load_tokenizer(self) -> None:
         if self.tokenizer is None:
@@ -174,6 +233,11 @@ class HFRunner(TorchCausalLM):
         if "quantization_config" in self.config:  # quantized checkpoints keep their own dtype and placement
             return {"dtype": None, "device_map": self.device}
         return super()._model_arguments()
+
+    def compute_dtype(self) -> tuple[str, str] | None:
+        if "quantization_config" in self.config:
+            return self.quant_type(), "quantized checkpoint: its own kernels and types"
+        return super().compute_dtype()
 
     def quant_type(self) -> str:
         qc = self.config.get("quantization_config")

@@ -64,6 +64,10 @@ class RefCacheRunner(Runner):
     def quant_type(self) -> str:
         return self.header["quant_type"]
 
+    def compute_dtype(self) -> tuple[str, str] | None:
+        dtype = self.header.get("compute_dtype")
+        return (dtype, f"as cached in {self.path.name}") if isinstance(dtype, str) else None
+
     def fixed_sequences(self) -> list[FixedSequence]:
         return self.sequences
 
