@@ -65,6 +65,16 @@ LOWER = "lower"  # value must be <= threshold
 HIGHER = "higher"  # value must be >= threshold
 EXACT = "exact"  # pass/fail without a number (tokens, vocab, metadata)
 
+# The two default tables (--modeldiff-gate): what a failure means. Both are measured (the tables
+# above and QUALITY_RATIONALE below); both judge each candidate by its own quant class.
+GATES = {
+    "broken": "fail conversions that are wrong (about 2x the worst correct conversion of the quant class: "
+              "a correct but lossy quantization passes, this is not a quality bar)",
+    "quality": "fail conversions worse than a correct quantizer makes that quant class (PPL ratio, KLD, "
+               "same top, ... near the measured numbers: limits a quantizer would publish)",
+}
+DEFAULT_GATE = "broken"
+
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class Check:
     defaults: dict[str, float] = field(default_factory=dict)
     key: str = ""  # threshold key in markers/CLI/ini when it differs from the name
     per_layer: bool = False  # the threshold may be a mapping from layer patterns to numbers
+    quality: dict[str, float] = field(default_factory=dict)  # the quality gate's defaults by class (empty: broken's)
     more_keys: tuple[tuple[str, str], ...] = ()  # further (threshold key, direction), default per tensor type
     reads: str = "comparison"  # what the check needs: "comparison" (models run) or "weights" (files only)
 
@@ -86,18 +97,21 @@ class Check:
     def threshold_key(self) -> str:
         return self.key or self.name
 
-    def default_for(self, quant: str) -> float | None:
-        """None: no default by quant class (the weights check judges each tensor by its type)."""
-        if not self.defaults:
+    def default_for(self, quant: str, gate: str = "broken") -> float | None:
+        """The default of ``gate`` (GATES) for quant class ``quant``; None: no default by quant
+        class (the weights check judges each tensor by its type). The quality gate falls back to
+        the broken gate's number for a check it does not tighten."""
+        table = self.quality if gate == "quality" and self.quality else self.defaults
+        if not table:
             return None
-        return self.defaults[quant if quant in self.defaults else "q2"]
+        return table[quant if quant in table else "q2"]
 
     @property
     def limits(self) -> list["Limit"]:
         """Its threshold keys: its own, then ``more_keys``."""
         if not self.has_threshold:
             return []
-        return [Limit(self.threshold_key, self.name, self.direction, self.defaults, self.per_layer),
+        return [Limit(self.threshold_key, self.name, self.direction, self.defaults, self.per_layer, self.quality),
                 *(Limit(key, self.name, direction, {}) for key, direction in self.more_keys)]
 
 
@@ -110,6 +124,7 @@ class Limit:
     direction: str
     defaults: dict[str, float]  # by quant class; empty: judged per tensor type
     per_layer: bool = False
+    quality: dict[str, float] = field(default_factory=dict)
 
     default_for = Check.default_for
 

@@ -35,7 +35,8 @@ def _facts(report: dict) -> list[tuple[str, str]]:
     ref, env = report.get("reference"), report.get("environment") or {}
     out = []
     if ref:
-        out.append(("reference", f"{ref['path']} ({ref['runner']}, {ref['quant_type']}, {_size(ref.get('size'))})"))
+        kind = ref.get("type") or ref["quant_type"]
+        out.append(("reference", f"{ref['path']} ({ref['runner']}, {kind}, {_size(ref.get('size'))})"))
     if env.get("versions"):
         out.append(("versions", ", ".join(f"{k} {v}" for k, v in env["versions"].items())))
     if env.get("settings"):
@@ -58,7 +59,8 @@ def _candidate_line(cand: dict) -> str:
     """The candidate's file, runner, type and size, then what failed."""
     parts = []
     if "path" in cand:
-        parts.append(f"{cand['path']} ({cand['runner']}, {cand['quant_type']}, {_size(cand.get('size'))})")
+        kind = cand.get("type") or cand["quant_type"]
+        parts.append(f"{cand['path']} ({cand['runner']}, {kind}, {_size(cand.get('size'))})")
     parts.append(f"FAILED {', '.join(failures(cand))}" if failures(cand) else "all checks passed")
     return ": ".join(parts)
 

@@ -183,6 +183,13 @@ class HFRunner(TorchCausalLM):
         dtype = self.config.get("dtype") or self.config.get("torch_dtype") or self._stored_dtype()
         return str(dtype or "float32")
 
+    def type_label(self) -> str:
+        """Unquantized checkpoints run in float32 whatever they store (_model_arguments): say both."""
+        stored = self.quant_type()
+        if "quantization_config" in self.config or stored == "float32":
+            return stored
+        return f"float32 (stored {stored})"
+
     def _stored_dtype(self) -> str | None:
         """The storage type of most weights, from the weight files' headers (no weights are read)."""
         try:
