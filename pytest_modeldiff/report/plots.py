@@ -122,15 +122,16 @@ def _y_title(label: str) -> list[str]:
 
 def _log_range(values: list[float]) -> tuple[float, float, list[float]]:
     """A log axis fitted to the positive ``values``: (log10 low, log10 high, ticks), at least
-    half a decade wide with a margin each side, ticks at 1-2-5 (1-1.5-2-3-5-7 when narrow)."""
+    0.15 decade wide with a margin each side, ticks at 1-2-5 (1-1.5-2-3-5-7 when narrow)."""
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0] or [1.0]
     low, high = math.log10(min(finite)), math.log10(max(finite))
-    if high - low < 0.5:
+    if high - low < 0.15:
         middle = (high + low) / 2
-        low, high = middle - 0.25, middle + 0.25
+        low, high = middle - 0.075, middle + 0.075
     margin = 0.08 * (high - low)
     low, high = low - margin, high + margin
-    steps = (1, 2, 5) if high - low > 1.5 else (1, 1.5, 2, 3, 5, 7)
+    steps = (1, 2, 5) if high - low > 1.5 else (1, 1.5, 2, 3, 5, 7) if high - low > 0.4 else (
+        1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)
     ticks = [m * 10.0 ** e for e in range(math.floor(low), math.ceil(high) + 1) for m in steps
              if low <= math.log10(m * 10.0 ** e) <= high]
     return low, high, ticks
