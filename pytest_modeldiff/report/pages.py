@@ -81,7 +81,11 @@ def _kl_lines(cand: dict) -> list[str]:
 # --------------------------------------------------------------------------- Markdown
 def markdown_report(report: dict) -> str:
     """A standalone GitHub-flavoured Markdown document starting with a ``## `` heading."""
-    out = [f"## {TITLE}", "", f"**{verdict(report)}**", ""]
+    from ..checks.registry import DEFAULT_GATE, GATES
+
+    gate = report.get("gate", DEFAULT_GATE)
+    out = [f"## {TITLE}", "", f"**{verdict(report)}**", "", f"Gate `{gate}`: the default limits {GATES.get(gate, '')}.",
+           ""]
     out += [f"- {label}: `{text}`" for label, text in _facts(report)]
     out += ["", "### Candidates", "", *_md_table([h for h, _ in CANDIDATE_COLUMNS],
                                                   [[cell(v) for v in row] for row in candidate_rows(report)])]

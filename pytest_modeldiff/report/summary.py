@@ -22,6 +22,7 @@ Line = tuple[str, dict]
 # The candidates table's columns by default (all of CANDIDATE_COLUMNS with full)
 SHORT_COLUMNS = ("candidate", "type", "size GB", "PPL", "PPL ratio", "KLD mean", "KLD p99", "same top", "NMSE",
                  "verdict")
+NOTE_PPL_RATIO = 1.10  # a passing candidate more than 10 % worse in perplexity gets a note
 DETAILS_PER_CHECK = 2  # worst positions / mismatches shown per failed check (all of them in pytest's failures)
 
 
@@ -83,14 +84,19 @@ def summary_lines(results: dict, errors: dict[str, str], data: dict, gate: str, 
                 out += [(line, {}) for line in why(r)]
     for key, message in errors.items():
         out.append((f"{key}: not compared: {message}", {"red": True}))
-    if gate == DEFAULT_GATE and quality_failures is not None:
-        lossy = {key: names for key in results if not failures(_entry(data, key)) and (names := quality_failures(key))}
-        for key, names in lossy.items():
-            ppl = _entry(data, key).get("kl_stats") or {}
-            change = f"PPL {100 * (ppl['ppl_ratio'] - 1):+.1f} %, " if ppl.get("ppl_ratio") is not None else ""
-            out.append((f"note: {key} passes gate {gate} but is worse than a correct quantizer makes class "
-                        f"{_entry(data, key).get('quant_class')} ({change}gate quality fails {', '.join(names)})",
-                        {"yellow": True}))
+    for key in results:  # passed, but lossy: say so (the gates judge by quant class)
+        entry = _entry(data, key)
+        if failures(entry):
+            continue
+        ratio = (entry.get("kl_stats") or {}).get("ppl_ratio")
+        notes = [f"its PPL is {100 * (ratio - 1):+.1f} % over the reference's"] if isinstance(ratio, float) and \
+            ratio > NOTE_PPL_RATIO else []
+        names = quality_failures(key) if gate == DEFAULT_GATE and quality_failures is not None else []
+        if names:
+            notes.append(f"gate quality would fail {', '.join(names)} (worse than a correct quantizer makes class "
+                         f"{entry.get('quant_class')})")
+        if notes:
+            out.append((f"note: {key} passed gate {gate}, but {'; '.join(notes)}", {"yellow": True}))
     return out
 
 
