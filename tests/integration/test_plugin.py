@@ -69,7 +69,7 @@ def test_builtin_checks_run_with_no_test_file(run):
                                  "modeldiff gate broken: *not a quality bar*",
                                  "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed",
                                  "metric*| value*| threshold*| status", "kld mean, all * positions*| ok",
-                                 "per-layer rfn (in-memory):", "weights: top * tensors by relative change*",
+                                 "weights: top * tensors by relative change*", "per-layer rfn (in-memory):",
                                  "candidate*| type*| size GB*| BPW*| PPL*| same top / GB*| verdict",
                                  "hf (reference)*| float32 (stored bfloat16)*",
                                  "modeldiff: PASSED: the candidate passed gate broken"])
