@@ -193,7 +193,8 @@ def html_report(report: dict) -> str:
            *(f"<li>{escape(label)}: <code>{escape(text)}</code></li>" for label, text in _facts(report)),
            "</ul>", "</details>", "<h2>Candidates</h2>",
            *_html_table(heads, [[cell(v) for v in row] for row in candidate_rows(report)], status_column=True),
-           _legend(heads, "KL columns are llama-perplexity's statistics over the tokens that have a next token.")]
+           _legend(heads, "KL columns are llama-perplexity's statistics over the tokens that have a next token."),
+           "<p>Each candidate's table below:</p>", _legend(["metric", "value", "threshold", "status"])]
     points = [(c["name"], c["size"]["bytes"] / 1e9, _numbers(c["kl_stats"]["kld_mean"]))
               for c in report["candidates"] if c.get("size") and c.get("kl_stats")]
     points = [p for p in points if 0 < p[1] < math.inf and 0 < p[2] < math.inf]  # log axes: no 0 or NaN
