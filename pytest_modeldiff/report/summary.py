@@ -112,7 +112,15 @@ def verdict_line(data: dict, gate: str) -> Line:
 
 
 def written_lines(written: Iterable[tuple[str, object]]) -> list[Line]:
-    return [(f"modeldiff: {kind} written to {os.path.abspath(path)}", {}) for kind, path in written]
+    """A line per report file; the per-layer plots (two per candidate) in one line."""
+    written = list(written)
+    plots = [Path(path) for kind, path in written if kind == "per-layer plot"]
+    out = []
+    if plots:
+        names = ", ".join(p.name for p in plots[:4]) + (f", ... ({len(plots)} files)" if len(plots) > 4 else "")
+        out.append((f"modeldiff: per-layer plots written to {os.path.abspath(plots[0].parent)}: {names}", {}))
+    return out + [(f"modeldiff: {kind} written to {os.path.abspath(path)}", {})
+                  for kind, path in written if kind != "per-layer plot"]
 
 
 def quality_checker(thresholds, results: dict) -> Callable[[str], list[str]]:
