@@ -227,8 +227,9 @@ CHECKS: dict[str, Check] = {
 
 # --------------------------------------------------------------------------- the quality gate
 # --modeldiff-gate quality: a quantized class may lose no more than a correct quantizer's output of
-# that class was measured to lose, QUALITY_MARGIN included. Measured: llama.cpp's converter and
-# quantizer (fixtures/build.py), each row the worse of the two scopes a logit check judges (all
+# that class was measured to lose, QUALITY_MARGIN included. Measured (python -m fixtures.quality_gate):
+# llama.cpp's converter and quantizer (fixtures/build.py: q8 = Q8_0, q6 = Q6_K, q4_k = Q4_K_M,
+# q4 = Q4_0, q2 = Q2_K files), each row the worse of the two scopes a logit check judges (all
 # positions; the last position of each sequence), next-token metrics over the positions that have
 # one. The limit of a class is QUALITY_MARGIN x the worst model and text measured (for ppl_ratio
 # 1 + QUALITY_MARGIN x (ratio - 1), for same_top 1 - QUALITY_MARGIN x (1 - fraction)), rounded
@@ -241,17 +242,28 @@ QUALITY_MEASURED: dict[str, dict[str, dict[str, float]]] = {
     # SmolLM2-135M-Instruct (tests/conversions/test_realmodel.py's set), the built-in prompts (7 sequences)
     "smollm2-135m, built-in prompts": {
         "q8": dict(kld=0.00562, kld_p99=0.0332, ppl_ratio=1.0071, rms_dp=0.0195, same_top=0.9433, topk_acc_drop=0.01),
-        "q6": dict(kld=0.0158, kld_p99=0.122, ppl_ratio=1.0138, rms_dp=0.028, same_top=0.9064, topk_acc_drop=0.0125),
+        "q6": dict(kld=0.0158, kld_p99=0.122, ppl_ratio=1.0099, rms_dp=0.028, same_top=0.9064, topk_acc_drop=0.0125),
         "q4_k": dict(kld=0.0685, kld_p99=0.468, ppl_ratio=1.0524, rms_dp=0.0708, same_top=0.8399,
                      topk_acc_drop=0.015),
         "q4": dict(kld=0.415, kld_p99=2.37, ppl_ratio=1.3663, rms_dp=0.156, same_top=0.601, topk_acc_drop=0.0927),
         "q2": dict(kld=0.561, kld_p99=2.97, ppl_ratio=1.5289, rms_dp=0.195, same_top=0.564, topk_acc_drop=0.0927),
     },
     # the same on 4 x 256 tokens of fixtures/text/public-domain.txt (the README scoreboard's text)
-    "smollm2-135m, public-domain text": {},  # FILLED BELOW
+    "smollm2-135m, public-domain text": {
+        "q8": dict(kld=0.0165, kld_p99=0.111, ppl_ratio=0.9991, rms_dp=0.0319, same_top=0.9414,
+                   topk_acc_drop=0.00686),
+        "q6": dict(kld=0.0351, kld_p99=0.319, ppl_ratio=1.0273, rms_dp=0.0531, same_top=0.9043, topk_acc_drop=0.0108),
+        "q4_k": dict(kld=0.186, kld_p99=1.6, ppl_ratio=1.1068, rms_dp=0.108, same_top=0.8125, topk_acc_drop=0.0235),
+        "q4": dict(kld=1.35, kld_p99=4.56, ppl_ratio=1.4939, rms_dp=0.245, same_top=0.6211, topk_acc_drop=0.0765),
+        "q2": dict(kld=1.93, kld_p99=5.03, ppl_ratio=1.7043, rms_dp=0.269, same_top=0.5, topk_acc_drop=0.0892),
+    },
     # the random-weight tiny Llama (fixtures/build.py TinySpec), built-in prompts: flat distributions,
     # so its same_top is low; its perplexity is meaningless and its ppl_ratio about 1
-    "tiny llama, built-in prompts": {},  # FILLED BELOW
+    "tiny llama, built-in prompts": {
+        "q8": dict(kld=0.00109, kld_p99=0.00173, ppl_ratio=0.99735, rms_dp=3.01e-06, same_top=0.9557,
+                   topk_acc_drop=0),
+        "q4_k": dict(kld=0.103, kld_p99=0.187, ppl_ratio=0.95853, rms_dp=0.00011, same_top=0.6379, topk_acc_drop=0),
+    },
     # >>> Gemma-3-270M (the calib helper's realmodel tier): add its rows here, measured the same way,
     # >>> e.g. "gemma-3-270m, built-in prompts": {"q8": dict(kld=..., ...), ...}; the limits follow.
 }
@@ -272,16 +284,16 @@ def _quality_limit(metric: str, quant: str, direction: str, broken: float) -> fl
     if quant in QUALITY_INTERPOLATED:
         a, b = (_quality_limit(metric, q, direction, broken) for q in QUALITY_INTERPOLATED[quant])
         if metric == "ppl_ratio":
-            return 1 + float(f"{math.sqrt((a - 1) * (b - 1)):.2g}")
+            return round(1 + float(f"{math.sqrt((a - 1) * (b - 1)):.2g}"), 6)
         if direction == HIGHER:
-            return 1 - float(f"{math.sqrt((1 - a) * (1 - b)):.2g}")
+            return round(1 - float(f"{math.sqrt((1 - a) * (1 - b)):.2g}"), 6)
         return float(f"{math.sqrt(a * b):.2g}")
     measured = [rows[quant][metric] for rows in QUALITY_MEASURED.values() if quant in rows]
     if direction == HIGHER:
         value = 1 - _round_out(QUALITY_MARGIN * (1 - min(measured)), up=True)
         return round(max(value, broken), 6)
     if metric == "ppl_ratio":
-        value = 1 + _round_out(QUALITY_MARGIN * (max(measured) - 1), up=True)
+        value = round(1 + _round_out(QUALITY_MARGIN * (max(measured) - 1), up=True), 6)
     else:
         value = _round_out(QUALITY_MARGIN * max(measured), up=True)
     return round(min(value, broken), 12)

@@ -54,7 +54,8 @@ def why(result: CheckResult) -> list[str]:
              for i, row in enumerate(bad)] or [f"  {result.name}: failed{source}"]
     lines += [f"    {d[:200]}" for d in result.details[:DETAILS_PER_CHECK]]
     if len(result.details) > DETAILS_PER_CHECK:
-        lines.append(f"    ... {len(result.details) - DETAILS_PER_CHECK} more in the test's failure message")
+        lines.append(f"    ... {len(result.details) - DETAILS_PER_CHECK} more in the full failure message "
+                     "(pytest's failures section; -v for the command line)")
     if result.hint:
         lines.append(f"    hint: {result.hint}")
     return lines
