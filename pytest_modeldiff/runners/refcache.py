@@ -64,6 +64,11 @@ class RefCacheRunner(Runner):
     def quant_type(self) -> str:
         return self.header["quant_type"]
 
+    def type_label(self) -> str:
+        """As the recorded reference ran ("float32 (stored bfloat16)"); older caches: the stored type."""
+        label = self.header.get("type")
+        return label if isinstance(label, str) else self.quant_type()
+
     def fixed_sequences(self) -> list[FixedSequence]:
         return self.sequences
 
