@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from .checks.registry import CHECKS, LOGIT_CHECKS
+from .checks.registry import CHECKS, DEFAULT_GATE, LOGIT_CHECKS
 from .checks.results import FAILED, CheckResult
 from .checks.run import run_check
 from .checks.thresholds import Thresholds
@@ -59,6 +59,11 @@ class CandidateReport:
 class Report:
     candidates: dict[str, CandidateReport]
     environment: dict = field(default_factory=dict)  # versions, settings, model hashes (ModelDiff.environment)
+    thresholds: Thresholds | None = None  # what judged the checks (its .gate: which default table)
+
+    @property
+    def gate(self) -> str:
+        return self.thresholds.gate if self.thresholds is not None else DEFAULT_GATE
 
     @property
     def passed(self) -> bool:
@@ -77,7 +82,7 @@ class Report:
         from .report.data import to_json
 
         return to_json({c.name: (c.subject, c.results) for c in self if c.results},
-                       {c.name: c.error for c in self if c.error is not None}, self.environment)
+                       {c.name: c.error for c in self if c.error is not None}, self.environment, gate=self.gate)
 
     def write_json(self, path: str | Path) -> None:
         from .report.data import write_json
@@ -92,11 +97,12 @@ class Report:
 
 def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path], *,
             checks: Sequence[str] | None = None, thresholds: Mapping[str, object] | Thresholds | None = None,
-            progress: Callable[[str], None] | None = None, **settings) -> Report:
+            progress: Callable[[str], None] | None = None, gate: str | None = None, **settings) -> Report:
     """Compare each candidate with the reference and run the built-in ``checks`` (default: all).
 
     ``thresholds`` take the marker's form ({"kld": 0.01, "rfn": {"0-3": 0.02}}) and override the
     defaults for the candidate's quant class (a ``Thresholds`` with CLI/ini entries also works);
+    ``gate`` picks the defaults: "broken" (default: the conversion is wrong) or "quality";
     ``settings`` are ``Settings`` fields (eval_text, eval_length, device, topk_max, ...).
     Bad options raise ModelDiffUsageError, a missing or unreadable file ModelDiffError naming it;
     a candidate whose comparison fails later (its runtime cannot load it) is reported with its
@@ -116,7 +122,9 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
     settings.setdefault("logits", bool(set(names) & set(LOGIT_CHECKS)))
     settings.setdefault("layers", "layers" in names)
     if not isinstance(thresholds, Thresholds):
-        thresholds = Thresholds(given=thresholds)
+        thresholds = Thresholds(given=thresholds, gate=gate)
+    elif gate is not None:
+        thresholds = thresholds.with_gate(gate)
     engine = ModelDiff(reference, candidates, Settings(**settings), progress)
     from_weights = [n for n in names if CHECKS[n].reads == "weights"]
     from_models = [n for n in names if n not in from_weights]
@@ -139,6 +147,6 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
                 continue
             limits = thresholds.resolve(report.comparison.quant_class)
             report.results += [run_check(name, report.comparison, limits) for name in from_models]
-        return Report(out, engine.environment())
+        return Report(out, engine.environment(), thresholds)
     finally:
         engine.close()  # models and the reference spill file, also on Ctrl-C

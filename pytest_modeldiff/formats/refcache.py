@@ -321,6 +321,6 @@ def header_for(runner, model_hash: str, device: str) -> dict:
     """What a cache entry records about the reference that produced it."""
     vocab = runner.vocab()
     return {"model_path": str(Path(runner.path).resolve()), "model_name": runner.name, "model_sha256": model_hash,
-            "runner": runner.kind, "quant_type": runner.quant_type(), "device": device,
+            "runner": runner.kind, "quant_type": runner.quant_type(), "type": runner.type_label(), "device": device,
             "compute_dtype": runner.compute_dtype() and runner.compute_dtype()[0],
             "versions": runner.versions(), "vocab": asdict(vocab) if vocab else None, "hparams": runner.hparams()}

@@ -39,6 +39,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         session.close()
 
 
+@pytest.hookimpl(tryfirst=True)  # pytest prints header lines in reverse call order: after rootdir and plugins
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """Before pytest's "collected N items": what the plugin adds to it, and which gate judges."""
+    run = config.stash.get(SESSION, None)
+    if run is None:
+        return None
+    from .items import describe
+
+    return describe(run)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k/-m deselection sees the item list
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     run = config.stash.get(SESSION, None)
@@ -46,18 +57,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         from .items import check_items
 
         items.extend(check_items(session, run))
-
-
-def pytest_report_collectionfinish(config: pytest.Config, items: list) -> str | None:
-    """pytest's "collected N items" counts test files only; say what the plugin added."""
-    run = config.stash.get(SESSION, None)
-    if run is None:
-        return None
-    from .items import ModelDiffItem
-
-    ours = sum(isinstance(item, ModelDiffItem) for item in items)
-    return (f"modeldiff: reference {run.engine.reference.path} ({run.engine.reference.kind}); "
-            f"candidates: {', '.join(run.engine.candidates)}; {ours} built-in check items")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

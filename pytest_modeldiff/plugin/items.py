@@ -8,7 +8,9 @@ from .session import SESSION, Session
 
 
 def check_items(session: pytest.Session, run: Session) -> list[pytest.Item]:
-    """One item per candidate and selected check, and a baseline item with --modeldiff-baseline."""
+    """One item per candidate and selected check, and a baseline item with --modeldiff-baseline,
+    collected through pytest's own collection (session.genitems), so its "collected N items"
+    counts them."""
     items: list[pytest.Item] = []
     if not run.checks:
         return items
@@ -16,11 +18,23 @@ def check_items(session: pytest.Session, run: Session) -> list[pytest.Item]:
         # "modeldiff[<candidate>]" stands where a test file would in pytest's progress output
         parent = ModelDiffCandidate.from_parent(session, name=f"modeldiff[{key}]", nodeid=f"modeldiff[{key}]",
                                                 path=runner.path.resolve())
-        items.extend(ModelDiffItem.from_parent(parent, name=check, candidate=key, check=check)
-                     for check in run.checks)
-        if run.baseline is not None:
-            items.append(ModelDiffBaselineItem.from_parent(parent, name="baseline", candidate=key, check="baseline"))
+        parent.candidate, parent.checks, parent.baseline = key, run.checks, run.baseline is not None
+        items.extend(session.genitems(parent))
     return items
+
+
+def describe(run: Session) -> list[str]:
+    """The header lines: the reference, the candidates, the items the plugin adds, the gate."""
+    from ..checks.registry import GATES
+
+    ref, n_cand = run.engine.reference, len(run.engine.candidates)
+    per = len(run.checks) + (run.baseline is not None)
+    added = (f"adds {n_cand * per} test items: {n_cand} candidate(s) x {per} checks (modeldiff[<candidate>]::<check>)"
+             if run.checks else "adds no test items (--modeldiff-checks none): your tests use the modeldiff fixture")
+    return [f"modeldiff: reference {ref.path} ({ref.kind}, {ref.type_label()}); candidates: "
+            f"{', '.join(run.engine.candidates)}",
+            f"modeldiff: {added}",
+            f"modeldiff: gate {run.thresholds.gate}: the default limits {GATES[run.thresholds.gate]}"]
 
 
 class ModelDiffCheckFailed(Exception):
@@ -28,8 +42,19 @@ class ModelDiffCheckFailed(Exception):
 
 
 class ModelDiffCandidate(pytest.Collector):
+    """A candidate's items: one per check, then its baseline item."""
+
+    candidate: str = ""
+    checks: list[str] = []
+    baseline: bool = False
+
     def collect(self):
-        return []
+        items = [ModelDiffItem.from_parent(self, name=check, candidate=self.candidate, check=check)
+                 for check in self.checks]
+        if self.baseline:
+            items.append(ModelDiffBaselineItem.from_parent(self, name="baseline", candidate=self.candidate,
+                                                           check="baseline"))
+        return items
 
 
 class ModelDiffItem(pytest.Item):

@@ -26,7 +26,7 @@ class Session:
         self.baseline: dict | None = None  # --modeldiff-baseline's content
         self.tolerances: list = []  # --modeldiff-compare-fail
         self._results: dict[tuple[str, str], object] = {}  # (candidate key, check) -> CheckResult
-        self._last_progress = 0.0
+        self._last_progress = time.monotonic()
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "Session | None":
@@ -63,16 +63,22 @@ class Session:
         if run.tolerances and not values["baseline"]:
             raise ModelDiffUsageError("--modeldiff-compare-fail needs --modeldiff-baseline FILE to compare with")
         run.baseline = load_baseline(Path(values["baseline"])) if values["baseline"] else None
-        run.thresholds = Thresholds(values["thresholds"], config.getini(options.THRESHOLDS_INI))
+        run.thresholds = Thresholds(values["thresholds"], config.getini(options.THRESHOLDS_INI), gate=values["gate"])
         run.engine = ModelDiff(ref, candidates, settings, run.progress)
         run.engine.prepare()
         return run
 
+    @property
+    def full_report(self) -> bool:
+        """Every candidate's tables in the summary: -v or --modeldiff-report=full."""
+        return self.values.get("report") == "full" or self.config.option.verbose > 0
+
     def progress(self, message: str) -> None:
-        """At most one line every 2 s (always with -v): long runs show they are moving."""
+        """At most one line every 5 s, the first after 5 s (always with -v): long runs show they
+        are moving, short ones stay quiet."""
         now = time.monotonic()
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and (self.config.option.verbose > 0 or now - self._last_progress > 2.0):
+        if reporter is not None and (self.config.option.verbose > 0 or now - self._last_progress > 5.0):
             self._last_progress = now
             # to the terminal, not into the running test's captured output
             capture = self.config.pluginmanager.get_plugin("capturemanager")  # None under -p no:capture

@@ -1,9 +1,6 @@
-"""The end of the run: the summary section (a table per candidate, the candidates table, what
-could not be compared) and the report files, computed from results the items already made."""
+"""The end of the run: the summary section (report/summary.py), the report files and the
+verdict line, computed from results the items already made."""
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 from ..checks.registry import CHECKS
 from .session import Session
@@ -24,55 +21,19 @@ def _all_results(state: Session) -> dict:
 
 
 def write_summary(terminalreporter, state: Session) -> None:
-    """The summary section (a table per candidate, what could not be compared, the candidates
-    table), then every report file asked for, each announced with its path."""
+    """The summary section (report/summary.py: the gate, the candidates table, what failed and
+    why; with -v or --modeldiff-report=full every candidate's tables first), every report file
+    asked for, each announced with its path, and the verdict line."""
     from ..report.data import to_json
-    from ..report.text import candidate_table, summary
+    from ..report.summary import quality_checker, summary_lines, verdict_line, write_reports, written_lines
 
     results = _all_results(state)
-    terminalreporter.section("modeldiff summary (built-in checks; thresholds from CLI > ini > default)")
-    for key, (cmp, checks) in results.items():
-        for line in summary(cmp, checks, state.errors.get(key)):
-            terminalreporter.write_line(line)
-        terminalreporter.write_line("")
-    for key, message in state.errors.items():
-        terminalreporter.write_line(f"{key}: not compared: {message}", red=True)
-    data = to_json(results, state.errors, state.engine.environment())
-    if any(c.get("kl_stats") for c in data["candidates"]):
-        terminalreporter.write_line("candidates (KL columns: llama-perplexity's statistics over the next tokens):")
-        for line in candidate_table(data):
-            terminalreporter.write_line(line)
-    for kind, path in write_reports(state.values, results, data):
-        terminalreporter.write_line(f"modeldiff: {kind} written to {os.path.abspath(path)}")
-
-
-def write_reports(values: dict, results: dict, data: dict) -> list[tuple[str, Path]]:
-    """The report files the options ask for (--modeldiff-json/-csv/-markdown/-html/-save-baseline),
-    as (what, path) in the order written; plots beside the JSON come before it."""
-    from ..formats.atomic import write_atomic
-    from ..report.baseline import baseline_from_report
-    from ..report.data import write_csv, write_json, write_layer_plots
-    from ..report.pages import markdown_report, write_html
-
-    written: list[tuple[str, Path]] = []
-    if values["json"]:
-        write_json(values["json"], data)
-        written += [("per-layer plot", plot) for plot in write_layer_plots(results, values["json"])]
-        written.append(("JSON report", values["json"]))
-    if values["csv"]:
-        write_csv(values["csv"], data)
-        written.append(("CSV report", values["csv"]))
-    if values["markdown"]:
-        text = markdown_report(data)
-        write_atomic(values["markdown"], text)
-        if os.environ.get("GITHUB_STEP_SUMMARY"):  # GitHub Actions shows it on the run's page
-            with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as summary_file:
-                summary_file.write(text + "\n")
-        written.append(("Markdown report", values["markdown"]))
-    if values["html"]:
-        write_html(values["html"], data)
-        written.append(("HTML report", values["html"]))
-    if values["save_baseline"]:
-        write_json(Path(values["save_baseline"]), baseline_from_report(data))
-        written.append(("baseline", values["save_baseline"]))
-    return written
+    gate = state.thresholds.gate
+    terminalreporter.section(f"modeldiff summary (gate {gate}; thresholds from marker > CLI > ini > default)")
+    data = to_json(results, state.errors, state.engine.environment(), gate=gate)
+    lines = summary_lines(results, state.errors, data, gate, state.full_report,
+                          quality_checker(state.thresholds, results))
+    lines += written_lines(write_reports(state.values, results, data))
+    lines.append(verdict_line(data, gate))
+    for text, markup in lines:
+        terminalreporter.write_line(text, **markup)

@@ -15,21 +15,26 @@ from ..metrics.klstats import kld_histogram
 
 
 def to_json(comparisons: dict[str, tuple[Pair, list[CheckResult]]], errors: dict[str, str] | None = None,
-            environment: dict | None = None) -> dict:
+            environment: dict | None = None, gate: str | None = None) -> dict:
     """Every compared candidate's checks, metrics (whichever checks ran), llama-perplexity's KL
     statistics, KLD histogram and size; candidates that could not be compared carry "error".
     ``environment`` (ModelDiff.environment()) records versions, settings and model hashes."""
-    out = {"format": "pytest-modeldiff report v2", "environment": environment or {}, "candidates": []}
+    from ..checks.registry import DEFAULT_GATE
+
+    out = {"format": "pytest-modeldiff report v2", "gate": gate or DEFAULT_GATE, "environment": environment or {},
+           "candidates": []}
     for cmp, results in comparisons.values():
         ran = isinstance(cmp, Comparison) and cmp.stats is not None  # else no model ran
         if "reference" not in out:
             dtype = cmp.reference.compute_dtype()
             out["reference"] = {"path": str(cmp.reference.path), "runner": cmp.reference.kind,
-                                "quant_type": cmp.reference.quant_type(), "size": cmp.reference.size(),
-                                "dtype": dtype and dtype[0], "dtype_reason": dtype and dtype[1]}
+                                "quant_type": cmp.reference.quant_type(), "type": cmp.reference.type_label(),
+                                "size": cmp.reference.size(), "dtype": dtype and dtype[0],
+                                "dtype_reason": dtype and dtype[1]}
         out["candidates"].append({
             "name": cmp.name, "path": str(cmp.candidate.path), "runner": cmp.candidate.kind,
-            "quant_type": cmp.quant_type, "quant_class": cmp.quant_class, "size": cmp.candidate.size(),
+            "quant_type": cmp.quant_type, "type": cmp.candidate.type_label(), "quant_class": cmp.quant_class,
+            "size": cmp.candidate.size(),
             "positions": len(cmp.stats) if ran else 0,
             "sequences": len(cmp.eval.sequences) if isinstance(cmp, Comparison) else 0,
             "timings": cmp.timings if isinstance(cmp, Comparison) else {},
@@ -70,7 +75,7 @@ def failures(cand: dict) -> list[str]:
 
 CANDIDATE_COLUMNS = (
     ("candidate", lambda c: c["name"]),
-    ("type", lambda c: c.get("quant_type")),
+    ("type", lambda c: c.get("type") or c.get("quant_type")),  # as run: "float32 (stored bfloat16)"
     ("size GB", lambda c: c["size"]["bytes"] / 1e9 if c.get("size") else None),
     ("BPW", lambda c: c["size"]["bpw"] if c.get("size") else None),
     ("PPL", _kl("ppl_cand")),
@@ -98,7 +103,8 @@ def candidate_rows(report: dict) -> list[list]:
     first = next((c for c in report["candidates"] if c.get("kl_stats")), None)
     if ref:
         size = ref.get("size")
-        known = {"candidate": f"{Path(ref['path']).name} (reference)", "type": ref.get("quant_type"),
+        known = {"candidate": f"{Path(ref['path']).name} (reference)",
+                 "type": ref.get("type") or ref.get("quant_type"),
                  "size GB": size["bytes"] / 1e9 if size else None, "BPW": size["bpw"] if size else None,
                  "PPL": first["kl_stats"]["ppl_ref"] if first else None}
         rows.append([known.get(heading) for heading, _ in CANDIDATE_COLUMNS])
@@ -141,7 +147,8 @@ def csv_rows(report: dict) -> list[dict]:
     for cand in report["candidates"]:
         def row(**cells):
             rows.append({**dict.fromkeys(CSV_COLUMNS, ""), "candidate": cand["name"],
-                         "quant_type": cand.get("quant_type", ""), **{k: _cell(v) for k, v in cells.items()}})
+                         "quant_type": cand.get("type") or cand.get("quant_type", ""),
+                         **{k: _cell(v) for k, v in cells.items()}})
 
         if "error" in cand:
             row(status="error", metric=cand["error"])

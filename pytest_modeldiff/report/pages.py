@@ -35,7 +35,8 @@ def _facts(report: dict) -> list[tuple[str, str]]:
     ref, env = report.get("reference"), report.get("environment") or {}
     out = []
     if ref:
-        out.append(("reference", f"{ref['path']} ({ref['runner']}, {ref['quant_type']}, {_size(ref.get('size'))})"))
+        kind = ref.get("type") or ref["quant_type"]
+        out.append(("reference", f"{ref['path']} ({ref['runner']}, {kind}, {_size(ref.get('size'))})"))
     if env.get("versions"):
         out.append(("versions", ", ".join(f"{k} {v}" for k, v in env["versions"].items())))
     if env.get("settings"):
@@ -58,7 +59,8 @@ def _candidate_line(cand: dict) -> str:
     """The candidate's file, runner, type and size, then what failed."""
     parts = []
     if "path" in cand:
-        parts.append(f"{cand['path']} ({cand['runner']}, {cand['quant_type']}, {_size(cand.get('size'))})")
+        kind = cand.get("type") or cand["quant_type"]
+        parts.append(f"{cand['path']} ({cand['runner']}, {kind}, {_size(cand.get('size'))})")
     parts.append(f"FAILED {', '.join(failures(cand))}" if failures(cand) else "all checks passed")
     return ": ".join(parts)
 
@@ -79,7 +81,11 @@ def _kl_lines(cand: dict) -> list[str]:
 # --------------------------------------------------------------------------- Markdown
 def markdown_report(report: dict) -> str:
     """A standalone GitHub-flavoured Markdown document starting with a ``## `` heading."""
-    out = [f"## {TITLE}", "", f"**{verdict(report)}**", ""]
+    from ..checks.registry import DEFAULT_GATE, GATES
+
+    gate = report.get("gate", DEFAULT_GATE)
+    out = [f"## {TITLE}", "", f"**{verdict(report)}**", "", f"Gate `{gate}`: the default limits {GATES.get(gate, '')}.",
+           ""]
     out += [f"- {label}: `{text}`" for label, text in _facts(report)]
     out += ["", "### Candidates", "", *_md_table([h for h, _ in CANDIDATE_COLUMNS],
                                                   [[cell(v) for v in row] for row in candidate_rows(report)])]
@@ -113,49 +119,119 @@ def _fenced(text_lines: list[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- HTML
-STYLE = """body { font-family: sans-serif; margin: 1.5em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
-th, td { border: 1px solid #999; padding: 2px 8px; text-align: left; }
-td { white-space: nowrap; }  /* keep 1.2e-05 whole */
+STYLE = """* { box-sizing: border-box; }
+body { font-family: sans-serif; margin: 0 auto; padding: 1em; max-width: 1600px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.25em; margin-top: 1.5em; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.85em; max-width: 100%; }
+th, td { border: 1px solid #999; padding: 2px 5px; text-align: left; vertical-align: top;
+         overflow-wrap: break-word; }  /* long names wrap at spaces: no column leaves the page */
 th { background: #eee; }
+td.num { white-space: nowrap; }  /* keep 1.2e-05 whole */
 td.ok { background: #dff0d8; color: #1e6b1e; }
 td.fail { background: #f8d7da; color: #a00; font-weight: bold; }
 td.skip { color: #777; }
-p.verdict { font-size: 1.2em; font-weight: bold; }
+p.verdict { font-size: 1.2em; font-weight: bold; padding: 0.3em 0.6em; border-radius: 4px; }
+p.verdict.pass { background: #dff0d8; } p.verdict.failed { background: #f8d7da; }
 .pass { color: #1e6b1e; } .failed { color: #a00; }
-pre { background: #f6f6f6; padding: 0.5em; overflow-x: auto; }
-svg { display: block; margin: 0.5em 0; }"""
-STATUS_CLASS = {"ok": "ok", "FAIL": "fail", "ERROR": "fail", "skipped": "skip"}
+code, li { overflow-wrap: anywhere; }
+pre { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; overflow-wrap: anywhere; }
+svg { display: block; margin: 0.5em 0; width: 100%; height: auto; }  /* plots scale to the page width */
+dl.legend { font-size: 0.85em; color: #444; display: grid; grid-template-columns: max-content 1fr; gap: 0 1em; }
+dl.legend dt { font-weight: bold; } dl.legend dd { margin: 0; overflow-wrap: anywhere; }
+@media (max-width: 760px) {  /* phones: each table row becomes a card of "column: value" lines */
+  table, tbody, tr, td { display: block; width: 100%; }
+  thead { display: none; }
+  tr { border: 1px solid #999; margin-bottom: 0.6em; }
+  td { border: none; border-bottom: 1px solid #ddd; display: grid; grid-template-columns: 40% 1fr; gap: 0.5em;
+       overflow-wrap: anywhere; }
+  td::before { content: attr(data-label); font-weight: bold; color: #555; }
+  td.num { white-space: normal; }
+  dl.legend { grid-template-columns: 1fr; }
+}"""
+STATUS_CLASS = {"ok": "ok", "FAIL": "fail", "ERROR": "fail", "skipped": "skip", "pass": "ok"}
+
+# What each label of the pages means (column headings of the candidates and check tables).
+COLUMN_HELP = {
+    "candidate": "the converted model (its file name); the first row is the reference",
+    "type": "its storage type as run: GGUF file type or HF dtype (the reference runs in float32 whatever it stores)",
+    "size GB": "size of the weights in GB (10^9 bytes)",
+    "BPW": "bits per weight: 8 x size / number of parameters",
+    "PPL": "perplexity on the evaluated text: exp(mean negative log-likelihood of the next tokens)",
+    "PPL ratio": "PPL(candidate) / PPL(reference): 1.05 is 5 % worse",
+    "KLD mean": "mean KL(reference || candidate) per token, nats (0: same distribution)",
+    "KLD median": "median per-token KLD, nats",
+    "KLD p99": "99th percentile of the per-token KLD, nats (llama-perplexity's 99.0% KLD)",
+    "KLD max": "largest per-token KLD, nats",
+    "same top": "fraction of tokens whose most likely next token is the same in both models",
+    "RMS Δp": "root mean square of the change of the next token's probability, q - p",
+    "NMSE": "mse(candidate logits - reference logits) / var(reference logits) (llama.cpp check-nmse.py)",
+    "max |diff|": "largest absolute logit difference at any position",
+    "same top / GB": "same top divided by size GB: quality per GB of weights",
+    "verdict": "pass, or FAIL with the checks that failed (their tables are under the candidate)",
+    "metric": "what is measured, and over which positions (all positions; the last one of each sequence)",
+    "value": "the candidate's measurement",
+    "threshold": "the limit it must stay within (<= at most, >= at least); where it came from is in the JSON",
+    "status": "ok or FAIL against the threshold (skipped: the check does not apply, with the reason)",
+}
 
 
 def html_report(report: dict) -> str:
-    """A self-contained HTML5 page: no scripts, no external resources, plots as inline SVG."""
+    """A self-contained HTML5 page: no scripts, no external resources, plots as inline SVG. It
+    fits the window from phone width up: tables wrap (cards on phones), plots take the full width."""
+    from ..checks.registry import DEFAULT_GATE, GATES
+
     ref_name = Path(report["reference"]["path"]).name if report.get("reference") else "reference"
     headline = verdict(report)
-    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">', f"<title>{TITLE}</title>",
+    gate = report.get("gate", DEFAULT_GATE)
+    heads = [h for h, _ in CANDIDATE_COLUMNS]
+    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{TITLE}</title>",
            f"<style>\n{STYLE}\n</style>", "</head>", "<body>", f"<h1>{TITLE}</h1>",
            f'<p class="verdict {"failed" if headline.startswith("FAILED") else "pass"}">{escape(headline)}</p>',
+           f"<p>Gate <b>{escape(gate)}</b>: the default limits {escape(GATES.get(gate, ''))}.</p>",
            "<details>", "<summary>Reference and environment</summary>", "<ul>",
            *(f"<li>{escape(label)}: <code>{escape(text)}</code></li>" for label, text in _facts(report)),
            "</ul>", "</details>", "<h2>Candidates</h2>",
-           *_html_table([h for h, _ in CANDIDATE_COLUMNS],
-                        [[cell(v) for v in row] for row in candidate_rows(report)])]
+           *_html_table(heads, [[cell(v) for v in row] for row in candidate_rows(report)], status_column=True),
+           _legend(heads, "KL columns are llama-perplexity's statistics over the tokens that have a next token."),
+           "<p>Each candidate's table below:</p>", _legend(["metric", "value", "threshold", "status"])]
     points = [(c["name"], c["size"]["bytes"] / 1e9, _numbers(c["kl_stats"]["kld_mean"]))
               for c in report["candidates"] if c.get("size") and c.get("kl_stats")]
     points = [p for p in points if 0 < p[1] < math.inf and 0 < p[2] < math.inf]  # log axes: no 0 or NaN
     if points:
-        out.append(plots.scatter_svg(f"size vs KLD mean (reference {ref_name})", points, "size GB",
-                                     "KLD mean (nats)"))
+        out.append(plots.scatter_svg(f"size vs KLD mean (reference {ref_name})", points, "size of the weights, GB "
+                                     "(log scale)", "KLD mean, nats (log scale)"))
+        out.append("<p>Size against error: lower left is better; a point's label is its candidate.</p>")
     for cand in report["candidates"]:
         out += _html_candidate(cand, ref_name)
     out += ["</body>", "</html>", ""]
     return "\n".join(out)
 
 
+def _legend(heads: list[str], extra: str = "") -> str:
+    """What each column heading means (COLUMN_HELP), visible under the table."""
+    items = "".join(f"<dt>{escape(h)}</dt><dd>{escape(COLUMN_HELP[h])}</dd>" for h in heads if h in COLUMN_HELP)
+    return f'<dl class="legend">{items}</dl>' + (f'<p class="legend">{escape(extra)}</p>' if extra else "")
+
+
+def _histogram_caption(histogram: dict) -> str:
+    """What the KLD histogram leaves out, in words."""
+    low, high = histogram["edges"][0], histogram["edges"][-1]
+    drawn = sum(histogram["counts"])
+    parts = [f"{drawn} tokens drawn in log-spaced bins from {low:g} to {high:g} nats"]
+    if histogram["below"]:
+        parts.append(f"{histogram['below']} with KLD under {low:g} (0 included) not drawn")
+    if histogram["above"]:
+        parts.append(f"{histogram['above']} above {high:g} not drawn")
+    if histogram["nan"]:
+        parts.append(f"{histogram['nan']} NaN (non-finite logits) not drawn")
+    return "; ".join(parts)
+
+
 def _html_candidate(cand: dict, ref_name: str) -> list[str]:
     title = f"{Path(cand.get('path', cand['name'])).name} vs {ref_name}"
     out = [f"<h2>{escape(cand['name'])}</h2>",
-           f'<p class="{"failed" if failures(cand) else "pass"}">{escape(_candidate_line(cand))}</p>']
+           f'<p class="verdict {"failed" if failures(cand) else "pass"}">{escape(_candidate_line(cand))}</p>']
     if "error" in cand:
         out += ['<p class="failed">Error:</p>', _pre([str(cand["error"])])]
     if cand.get("checks"):
@@ -168,9 +244,9 @@ def _html_candidate(cand: dict, ref_name: str) -> list[str]:
         out += ["<p>llama-perplexity statistics:</p>", _pre(_kl_lines(cand))]
     histogram = cand.get("kld_histogram")
     if histogram:
-        out.append(plots.histogram_svg(f"{title}: per-token KLD (below {histogram['below']}, above "
-                                       f"{histogram['above']}, NaN {histogram['nan']})", histogram["edges"],
-                                       histogram["counts"], "KLD (nats), log scale"))
+        out.append(plots.histogram_svg(f"{title}: per-token KLD histogram", histogram["edges"], histogram["counts"],
+                                       "per-token KL(reference || candidate), nats (log scale)",
+                                       _histogram_caption(histogram)))
     for check in cand.get("checks", []):  # as report.write_layer_plots draws them
         extra = _numbers(check.get("extra", {}))
         if check["name"] == "layers" and extra.get("layers"):
@@ -185,12 +261,22 @@ def _html_candidate(cand: dict, ref_name: str) -> list[str]:
     return out
 
 
+NUMBER = re.compile(r"[-+]?(\d|\.\d)[\d.]*(e[-+]?\d+)?( %)?$")
+
+
 def _html_table(head: list[str], rows: list, status_column: bool = False) -> list[str]:
-    def td(text, last):
-        css = STATUS_CLASS.get(text) if status_column and last else None
-        return f'<td class="{css}">{escape(str(text))}</td>' if css else f"<td>{escape(str(text))}</td>"
-    body = ("<tr>" + "".join(td(c, i == len(r) - 1) for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return ["<table>", "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>", *body, "</table>"]
+    """A table with a <thead> (hidden on phones, where each cell says its column: data-label);
+    with ``status_column`` the last column is coloured by its word (ok/pass green, FAIL red)."""
+    def td(text, column, last):
+        text = str(text)
+        css = [c for c in (STATUS_CLASS.get(text.split(":")[0]) if status_column and last else None,
+                           "num" if NUMBER.match(text) else None) if c]
+        attrs = f' class="{" ".join(css)}"' if css else ""
+        return f'<td data-label="{escape(head[column])}"{attrs}>{escape(text)}</td>'
+    body = ("<tr>" + "".join(td(c, i, i == len(r) - 1) for i, c in enumerate(r)) + "</tr>" for r in rows)
+    heads = "".join(f'<th title="{escape(COLUMN_HELP[h])}">{escape(h)}</th>' if h in COLUMN_HELP
+                    else f"<th>{escape(h)}</th>" for h in head)
+    return ["<table>", f"<thead><tr>{heads}</tr></thead>", "<tbody>", *body, "</tbody>", "</table>"]
 
 
 def _pre(text_lines: list[str]) -> str:

@@ -90,7 +90,7 @@ def kl_summary(cmp: Pair) -> list[str]:
 def verdict(result: CheckResult, cmp: Comparison) -> str:
     word = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED", "error": "ERROR"}[result.status]
     return (f"modeldiff {result.name} {word}: {cmp.candidate.path.name} ({cmp.candidate.kind}, "
-            f"{cmp.quant_type} -> class {cmp.quant_class}) vs reference {cmp.reference.path.name}")
+            f"{cmp.candidate.type_label()} -> class {cmp.quant_class}) vs reference {cmp.reference.path.name}")
 
 
 def failure_message(result: CheckResult, cmp: Comparison) -> str:
@@ -137,8 +137,8 @@ def summary(cmp: Pair, results: list[CheckResult], error: str | None = None) -> 
     verdict = f"FAILED {', '.join(failed)}" if failed else "all checks passed"
     if error:
         verdict = f"NOT COMPARED ({error.splitlines()[0][:160]})" + (f"; FAILED {', '.join(failed)}" if failed else "")
-    head = (f"{cmp.candidate.path.name} ({cmp.candidate.kind}, {cmp.quant_type}, class {cmp.quant_class}) "
-            f"vs {cmp.reference.path.name}: {verdict}")
+    head = (f"{cmp.candidate.path.name} ({cmp.candidate.kind}, {cmp.candidate.type_label()}, class "
+            f"{cmp.quant_class}) vs {cmp.reference.path.name}: {verdict}")
     rows = []
     for r in results:
         if r.rows and r.name not in EXACT_CHECKS:  # logit checks: one row per scope

@@ -79,6 +79,11 @@ class Runner(ABC):
     def quant_type(self) -> str:
         """"F16", "Q4_K_M", "float32", "bfloat16", "int4" ... (see registry.quant_class)."""
 
+    def type_label(self) -> str:
+        """The type as the model runs, for people: the stored type unless the runner computes
+        in another one (hf: "float32 (stored bfloat16)"). quant_type() picks the quant class."""
+        return self.quant_type()
+
     @abstractmethod
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits of shape (len(ids), n_vocab); dumps may return only the last row (1, n_vocab)."""

@@ -248,6 +248,11 @@ class HFRunner(TorchCausalLM):
         dtype = self.config.get("dtype") or self.config.get("torch_dtype") or self._stored_dtype()
         return str(dtype or "float32")
 
+    def type_label(self) -> str:
+        """The stored type, and the one it runs in when that differs ("float32 (stored bfloat16)")."""
+        stored, (run, _) = self.quant_type(), self.compute_dtype()
+        return stored if run == stored else f"{run} (stored {stored})"
+
     def _stored_dtype(self) -> str | None:
         """The storage type of most weights, from the weight files' headers (no weights are read)."""
         try:

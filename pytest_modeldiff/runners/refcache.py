@@ -68,6 +68,11 @@ class RefCacheRunner(Runner):
         dtype = self.header.get("compute_dtype")
         return (dtype, f"as cached in {self.path.name}") if isinstance(dtype, str) else None
 
+    def type_label(self) -> str:
+        """As the recorded reference ran ("float32 (stored bfloat16)"); older caches: the stored type."""
+        label = self.header.get("type")
+        return label if isinstance(label, str) else self.quant_type()
+
     def fixed_sequences(self) -> list[FixedSequence]:
         return self.sequences
 

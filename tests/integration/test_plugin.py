@@ -59,11 +59,64 @@ def test_builtin_checks_run_with_no_test_file(run):
     out = result.stdout.str()
     for check in CHECKS:
         assert f"modeldiff[demo-q8_0]::{check} PASSED" in out
-    result.stdout.fnmatch_lines([f"modeldiff: reference * (hf); candidates: demo-q8_0; {N} built-in check items"])
-    result.stdout.fnmatch_lines(["*modeldiff summary*",
+    # the header says what the plugin adds, before pytest's count (which includes the items)
+    result.stdout.fnmatch_lines(["modeldiff: reference * (hf, float32 (stored bfloat16)); candidates: demo-q8_0",
+                                 f"modeldiff: adds {N} test items: 1 candidate(s) x {N} checks*",
+                                 "modeldiff: gate broken: the default limits fail conversions that are wrong*",
+                                 f"*collected {N} items"])
+    # -v: the full summary, every table
+    result.stdout.fnmatch_lines(["*modeldiff summary (gate broken*",
+                                 "modeldiff gate broken: *not a quality bar*",
                                  "demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed",
-                                 "metric*| value*| threshold*| status", "kld mean, all * positions*| ok"])
+                                 "metric*| value*| threshold*| status", "kld mean, all * positions*| ok",
+                                 "weights: top * tensors by relative change*", "per-layer rfn (in-memory):",
+                                 "candidate*| type*| size GB*| BPW*| PPL*| same top / GB*| verdict",
+                                 "hf (reference)*| float32 (stored bfloat16)*",
+                                 "modeldiff: PASSED: the candidate passed gate broken"])
     assert result.ret == 0
+
+
+def summary_section(result) -> list[str]:
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if "modeldiff summary" in line)
+    return lines[start:]
+
+
+def test_default_summary_is_the_candidates_table_and_the_verdict(run, tmp_path):
+    """No per-check, per-layer or weight table by default: the gate, one candidates table, the
+    files written, the verdict; --modeldiff-report=full (or -v) shows them."""
+    result = run(f"--modeldiff-json={tmp_path / 'r.json'}")
+    result.assert_outcomes(passed=N)
+    lines = summary_section(result)
+    assert len(lines) <= 14, "\n".join(lines)  # 1 candidate: 7 lines of table and gate, 3 files, verdict
+    text = "\n".join(lines)
+    assert "per-layer rfn" not in text and "layer | rfn mean" not in text and "weights: top" not in text
+    assert "metric" not in text and "next-token quality" not in text
+    result.stdout.fnmatch_lines(["*modeldiff summary (gate broken*",
+                                 "modeldiff gate broken: the default limits fail conversions that are wrong*",
+                                 "candidates (KL columns*",
+                                 "candidate*| type*| size GB*| PPL*| PPL ratio*| KLD mean*| KLD p99*| verdict",
+                                 "hf (reference)*| float32 (stored bfloat16)*", "demo-q8_0*| Q8_0*| pass",
+                                 f"modeldiff: JSON report written to {tmp_path / 'r.json'}",
+                                 "modeldiff: PASSED: the candidate passed gate broken", "*15 passed*"])
+    full = run("--modeldiff-report=full", "--modeldiff-checks=layers,kld")
+    full.stdout.fnmatch_lines(["demo-q8_0.gguf (llamacpp, Q8_0, class q8) vs hf: all checks passed",
+                               "per-layer rfn (in-memory):", "layer | rfn mean*"])
+
+
+def test_quality_gate_is_named_and_its_limits_apply(run, tmp_path):
+    report = tmp_path / "r.json"
+    result = run("--modeldiff-gate=quality", "--modeldiff-checks=kld,ppl_ratio", f"--modeldiff-json={report}")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["modeldiff: gate quality: the default limits fail conversions worse than a *",
+                                 "*modeldiff summary (gate quality*", "modeldiff gate quality: *",
+                                 "modeldiff: PASSED: the candidate passed gate quality"])
+    data = json.loads(report.read_text())
+    assert data["gate"] == "quality"
+    assert {c["threshold_source"] for c in data["candidates"][0]["checks"]} == {"default (q8, gate quality)"}
+    bad = run("--modeldiff-gate=strict")
+    assert bad.ret == 4
+    bad.stderr.fnmatch_lines(["*argument --modeldiff-gate: invalid choice: 'strict'*"])
 
 
 def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
@@ -89,6 +142,14 @@ def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
     assert checks["nmse"]["status"] == "passed" and checks["nmse"]["threshold_source"] == "default (q8)"
     assert 0 < checks["kld"]["value"] < 0.01
     assert data["reference"]["runner"] == "hf" and cand["quant_type"] == "Q8_0"
+    assert data["reference"]["quant_type"] == "bfloat16" and data["reference"]["type"] == "float32 (stored bfloat16)"
+    # the summary says what failed and why, then the verdict
+    result.stdout.fnmatch_lines([
+        "demo-q8_0 FAILED (llamacpp, Q8_0, class q8): kld",
+        "  kld: kld mean, all * positions: *, limit <= 1.000e-09 (threshold from --modeldiff-threshold)",
+        "    sequence '*' position * after *: kld *",
+        "    hint: *",
+        "modeldiff: FAILED: 1 of 1 candidates failed gate broken: demo-q8_0 (kld)"])
 
 
 def test_marker_beats_cli_beats_ini(pytester, run):
@@ -164,8 +225,8 @@ def test_llama_cpp_environment_variables_name_the_models(pytester, demo_ref, dem
     monkeypatch.setenv("CONVERTED_MODEL", str(demo_cand))
     result = pytester.runpytest("-p", "no:cacheprovider", "--modeldiff-checks=tokens,kld")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines([f"modeldiff: reference {demo_ref} (hf); candidates: demo-q8_0; "
-                                 "2 built-in check items"])
+    result.stdout.fnmatch_lines([f"modeldiff: reference {demo_ref} (hf, float32 (stored bfloat16)); "
+                                 "candidates: demo-q8_0", "modeldiff: adds 2 test items: *"])
 
     monkeypatch.setenv("CONVERTED_MODEL", "/nonexistent/model.gguf")  # an option beats the variable
     result = pytester.runpytest("-p", "no:cacheprovider", "--modeldiff-checks=kld", f"--cand-model={demo_cand}")
@@ -179,7 +240,8 @@ def test_llama_cpp_environment_variables_name_the_models(pytester, demo_ref, dem
 
 def test_csv_report_and_topk_max(run, tmp_path):
     path = tmp_path / "report.csv"
-    result = run("--modeldiff-checks=topk_acc_drop,prob_mse", "--modeldiff-topk-max=7", f"--modeldiff-csv={path}")
+    result = run("--modeldiff-checks=topk_acc_drop,prob_mse", "--modeldiff-topk-max=7", f"--modeldiff-csv={path}",
+                 "--modeldiff-report=full")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["next-token quality (* positions) | reference | candidate | change",
                                  "top-7 accuracy * | * | * | *", f"modeldiff: CSV report written to {path}"])
@@ -384,8 +446,10 @@ def test_weight_assertions_markers_and_weights_only_files(pytester, run, demo_re
     result.stdout.fnmatch_lines(["*base.safetensors: a weights-only file cannot run a model; compare it with "
                                  "--modeldiff-checks weights*"])
     # its weights check passed, but a candidate that was not compared never reads as passed
-    result.stdout.fnmatch_lines(["base.safetensors (weights, *) vs base.safetensors: NOT COMPARED (*weights-only*"])
-    assert "all checks passed" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["base.safetensors *| FAIL: error",
+                                 "base.safetensors: not compared: *weights-only*",
+                                 "modeldiff: FAILED: 1 of 1 candidates failed gate broken: base.safetensors (error)"])
+    assert "all checks passed" not in result.stdout.str() and "PASSED: " not in result.stdout.str()
 
 
 def test_bad_input_known_before_any_model_runs_is_one_usage_error(pytester, demo_ref, demo_cand, tmp_path):

@@ -15,7 +15,7 @@ def test_markdown_html_junit_and_the_candidate_table(pytester, tiny, tmp_path, m
     result = pytester.runpytest(
         "-p", "no:cacheprovider", f"--ref-model={tiny / 'hf'}", f"--cand-model={tiny / 'tiny-q8_0.gguf'}",
         f"--cand-model={tiny / 'tiny-q4_k_m.gguf'}", "--modeldiff-checks=kld,kld_p99,ppl_ratio,rms_dp,same_top,nmse",
-        f"--modeldiff-markdown={md}", f"--modeldiff-html={page}", f"--junitxml={junit}")
+        f"--modeldiff-markdown={md}", f"--modeldiff-html={page}", f"--junitxml={junit}", "--modeldiff-report=full")
     result.assert_outcomes(passed=12)
     result.stdout.fnmatch_lines([
         "llama-perplexity statistics over * next tokens: PPL(Q) *",

@@ -28,6 +28,45 @@ def test_check_table_matches_registry():
             assert cells[3:] == ["per tensor type (below)"] + [""] * (len(CLASSES) - 1), cells[0]
 
 
+def quality_table() -> list[str]:
+    """The README's quality-gate table, from the registry."""
+    from pytest_modeldiff.checks.registry import QUALITY_CHECKS
+
+    rows = ["| check | pass if | " + " | ".join(CLASSES) + " |", "| --- " * (len(CLASSES) + 2) + "|"]
+    for name in QUALITY_CHECKS:
+        check = CHECKS[name]
+        rows.append(f"| {name} | {'<=' if check.direction == LOWER else '>='} | "
+                    + " | ".join(f"{check.quality[c]:g}" for c in CLASSES) + " |")
+    return rows
+
+
+def quality_measured_table() -> list[str]:
+    """The README's table of the measurements the quality gate is derived from."""
+    from pytest_modeldiff.checks.registry import QUALITY_CHECKS, QUALITY_MEASURED
+
+    rows = ["| model, text | class | " + " | ".join(QUALITY_CHECKS) + " |", "| --- " * (len(QUALITY_CHECKS) + 2) + "|"]
+    for source, by_class in QUALITY_MEASURED.items():
+        rows += [f"| {source} | {quant} | " + " | ".join(f"{values[k]:.4g}" for k in QUALITY_CHECKS) + " |"
+                 for quant, values in by_class.items()]
+    return rows
+
+
+def readme_block(name: str) -> list[str]:
+    return [line for line in README.split(f"<!-- {name}:")[1].split(f"<!-- end {name} -->")[0].splitlines()
+            if line.startswith("|")]
+
+
+def test_quality_gate_tables_match_registry():
+    assert readme_block("quality-table") == quality_table()
+    assert readme_block("quality-measured") == quality_measured_table()
+
+
+def test_quality_gate_is_never_looser_than_broken():
+    for check in CHECKS.values():
+        for quant, value in check.quality.items():
+            assert (value <= check.defaults[quant]) if check.direction == LOWER else (value >= check.defaults[quant])
+
+
 def test_weight_type_table_matches_registry():
     table = README.split("<!-- weight-types")[1].split("<!-- end weight-types -->")[0]
     head, _, values = [line for line in table.splitlines() if line.startswith("| ")]

@@ -129,3 +129,31 @@ def test_bad_layer_patterns_name_the_pattern(values, message):
 def test_per_layer_form_only_for_layer_keys():
     with pytest.raises(ModelDiffUsageError, match="kld has no per-layer form"):
         parse_assignments(["kld[0]=0.1"], "cli")
+
+
+def test_the_gate_picks_the_default_table_and_keeps_the_precedence():
+    broken, quality = Thresholds(), Thresholds(cli=["kld=0.3"], gate="quality")
+    assert broken.gate == "broken" and broken.resolve("q4_k")["ppl_ratio"].source == "default (q4_k)"
+    q = quality.resolve("q4_k", marker={"same_top": 0.5})
+    assert (q["ppl_ratio"].value, q["ppl_ratio"].source) == (CHECKS["ppl_ratio"].quality["q4_k"],
+                                                             "default (q4_k, gate quality)")
+    assert q["ppl_ratio"].value < broken.resolve("q4_k")["ppl_ratio"].value  # tighter
+    assert (q["kld"].value, q["kld"].source) == (0.3, "--modeldiff-threshold")  # CLI beats the gate's default
+    assert (q["same_top"].value, q["same_top"].source) == (0.5, "marker")
+    # checks the quality gate does not tighten keep the broken gate's number
+    assert q["max_abs"].value == CHECKS["max_abs"].defaults["q4_k"]
+    assert q["rfn"].source == "default (q4_k, gate quality)"
+    assert quality.with_gate("broken").resolve("q4_k")["kld"].value == 0.3  # same CLI limits, other defaults
+    with pytest.raises(ModelDiffUsageError, match="unknown gate 'strict'; known gates: broken, quality"):
+        Thresholds(gate="strict")
+
+
+def test_quality_gate_passes_the_measured_quantizations_with_margin():
+    """Every measured correct quantization is within its class's quality limits (the rule's 1.25x)."""
+    from pytest_modeldiff.checks.registry import HIGHER, QUALITY_CHECKS, QUALITY_MEASURED
+
+    for rows in QUALITY_MEASURED.values():
+        for quant, values in rows.items():
+            for name in QUALITY_CHECKS:
+                limit, check = CHECKS[name].quality[quant], CHECKS[name]
+                assert (values[name] >= limit) if check.direction == HIGHER else (values[name] <= limit), (quant, name)

@@ -7,6 +7,8 @@ import struct
 import subprocess
 import xml.etree.ElementTree as ET
 import zlib
+from html import escape
+from html import unescape as html_unescape
 from html.parser import HTMLParser
 
 import numpy as np
@@ -160,7 +162,17 @@ def test_html_is_well_formed_self_contained_and_has_one_svg_per_plot():
     text = "".join(parser.text)
     assert "FAILED: broken: kld, layers; missing: error" in text and "FileNotFoundError" in text
     assert "max |diff|" in text and "sequence 'code' position 3 after 'x | y'" in text
-    assert '<td class="fail">FAIL</td>' in page and '<td class="ok">ok</td>' in page
+    assert '<td data-label="status" class="fail">FAIL</td>' in page
+    assert '<td data-label="status" class="ok">ok</td>' in page
+    assert '<td data-label="verdict" class="ok">pass</td>' in page  # the candidates table's verdicts too
+    assert '<td data-label="verdict" class="fail">FAIL: kld, layers</td>' in page
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+    # every label explained: the candidates table's headings, the gate, the histogram's caption
+    for heading, _ in CANDIDATE_COLUMNS:
+        assert f"<dt>{escape(heading)}</dt><dd>" in page
+    assert "Gate <b>broken</b>: the default limits fail conversions that are wrong" in page
+    assert "(below" not in page and "tokens drawn in log-spaced bins from 1e-08 to 100 nats" in text
+    assert "reference runs in float32 whatever it stores" in text
     assert re.search(r"<details>\s*<summary>", page) and "ab" * 32 in text
 
 
@@ -183,14 +195,30 @@ def test_histogram_and_scatter_svg():
     assert "b & c" in [t.text for t in scatter.iter(f"{SVG_NS}text")]
 
 
+def test_scatter_axes_fit_the_points():
+    """Three sizes between 0.088 and 0.145 GB: the x axis spans about that, not 0.01 .. 1, and
+    the points spread over the plot's width."""
+    points = [("q8_0", 0.1448, 0.0057), ("q4_k_m", 0.1055, 0.069), ("q2_k", 0.0882, 0.56)]
+    svg = ET.fromstring(scatter_svg("size vs KLD", points, "GB", "KLD"))
+    xs = sorted(float(c.get("cx")) for c in svg.iter(f"{SVG_NS}circle"))
+    width = float(svg.get("viewBox").split()[2])
+    assert xs[-1] - xs[0] > 0.7 * width
+    ticks = [float(t.text) for t in svg.iter(f"{SVG_NS}text") if t.get("y") == t.get("y") and
+             re.fullmatch(r"[\d.e-]+", t.text or "")]
+    x_ticks = [v for v in ticks if 0.05 < v < 0.3]
+    assert len(x_ticks) >= 3 and min(ticks) >= 0.001 and 0.07 <= min(x_ticks) and max(x_ticks) <= 0.2
+
+
 # --------------------------------------------------------------------------- headless Chromium
-def chromium(tmp_path, *args) -> subprocess.CompletedProcess:
-    """Chromium with every network fetch sent to a dead proxy: the page must need none."""
+def chromium(tmp_path, *args, page=None) -> subprocess.CompletedProcess:
+    """Chromium with every network fetch sent to a dead proxy: the page must need none.
+    ``page``: the file to open (default: the test report written to report.html)."""
     binary = shutil.which("chromium")
     if binary is None:
         pytest.skip("chromium is not installed (CI installs Debian's chromium package)")
-    page = tmp_path / "report.html"
-    write_html(page, build_report())
+    if page is None:
+        page = tmp_path / "report.html"
+        write_html(page, build_report())
     return subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
                            f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9", *args,
@@ -201,7 +229,71 @@ def test_chromium_builds_the_dom(tmp_path):
     dom = chromium(tmp_path, "--dump-dom").stdout
     assert dom.count("<svg") == 6 and "<h2>Candidates</h2>" in dom
     for values in candidate_rows(build_report()):
-        assert "".join(f"<td>{cell(v)}</td>" for v in values) in dom
+        assert re.sub(r"<td[^>]*>", "<td>", dom).count("".join(f"<td>{cell(v)}</td>" for v in values)) == 1
+
+
+# Measures a page in an iframe: the document's scroll width against the viewport, per table
+# which columns have a cell inside the viewport (cells hidden by CSS, like the header row on
+# phones, do not count), cells outside it or with clipped content, each plot's width.
+MEASURE = """
+function measure(doc) {
+  const win = doc.defaultView, de = doc.documentElement, vw = de.clientWidth;
+  const shown = c => win.getComputedStyle(c).display !== "none" && c.getClientRects().length > 0;
+  const tables = [...doc.querySelectorAll("table")].map(t => {
+    const rows = [...t.rows], columns = Math.max(...rows.map(r => r.cells.length));
+    const seen = new Array(columns).fill(false);
+    let clipped = 0, outside = 0, right = 0;
+    for (const r of rows) [...r.cells].forEach((c, j) => {
+      if (!shown(c)) return;
+      const b = c.getBoundingClientRect();
+      if (b.width > 0 && b.left >= -0.5 && b.right <= vw + 0.5) seen[j] = true; else outside++;
+      if (c.scrollWidth > c.clientWidth + 1) clipped++;
+      right = Math.max(right, b.right);
+    });
+    return {columns, visible: seen.filter(Boolean).length, outside, clipped, right};
+  });
+  const room = e => { const cs = win.getComputedStyle(e);
+    return e.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight); };
+  const plots = [...doc.querySelectorAll("svg")].map(s => [s.getBoundingClientRect().width, room(s.parentElement)]);
+  return {viewport: vw, scrollWidth: de.scrollWidth, tables, plots};
+}
+"""
+WIDTHS = (1280, 390)  # a laptop window; a phone (iPhone 12-15 portrait)
+
+
+def layout(tmp_path, page: str) -> dict:
+    """The page rendered by headless Chromium in an iframe of each width (Chromium keeps its
+    window at least ~500 px wide, an iframe can be narrower): {width: measure(...)}."""
+    frames = "".join(f'<iframe id="w{w}" style="display:block;width:{w}px;height:900px;border:0" '
+                     f'srcdoc="{escape(page, quote=True)}"></iframe>' for w in WIDTHS)
+    host = tmp_path / "host.html"
+    host.write_text(f"""<!DOCTYPE html><html><head><meta charset="utf-8"></head><body style="margin:0">{frames}
+<script>{MEASURE}
+window.addEventListener("load", () => {{
+  const out = {{}};
+  for (const w of {list(WIDTHS)}) out[w] = measure(document.getElementById("w" + w).contentDocument);
+  const pre = document.createElement("pre");
+  pre.id = "measured"; pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+}});
+</script></body></html>""")
+    dom = chromium(tmp_path, "--dump-dom", "--window-size=1800,1000", "--virtual-time-budget=5000", page=host).stdout
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)
+    assert found, dom[-2000:]
+    return {int(w): m for w, m in json.loads(html_unescape(found.group(1))).items()}
+
+
+def test_chromium_page_fits_1280_and_phone_width_with_every_column_visible(tmp_path):
+    report = build_report()
+    report["candidates"][0]["name"] = "a-rather-long-candidate-name-without-spaces-q4_k_m-imatrix"
+    for width, m in layout(tmp_path, html_report(report)).items():
+        assert m["scrollWidth"] <= m["viewport"] <= width, (width, m)  # no horizontal scrolling
+        assert len(m["tables"]) == 3
+        for table in m["tables"]:  # the candidates table (16 columns) and each candidate's checks
+            assert table["visible"] == table["columns"] and table["outside"] == table["clipped"] == 0, (width, table)
+            assert table["right"] <= m["viewport"]
+        assert len(m["plots"]) == 6
+        for plot_width, room in m["plots"]:  # the full width of the page's content
+            assert plot_width >= room - 1, (width, plot_width, room)
 
 
 def png_pixels(data: bytes) -> tuple[int, int, bytes]:
