@@ -1,0 +1,97 @@
+"""The architecture matrix (fixtures/archs.py): per family a tiny random model converted with
+llama.cpp's official converter and quantized with its quantizer. Correct conversions pass every
+default check; each family's characteristic conversion bug fails the check that names it; a family
+formats/architectures.py does not map gets the logit checks and skips weights/layers, saying why.
+
+The default tier runs Gemma3 and Qwen3-MoE at f16 and q4_k_m, their bugs and the unmapped family;
+the rest is marked slow (pytest -m slow tests/conversions/test_architectures.py).
+"""
+import pytest
+
+from fixtures.archs import BUGS, FAMILIES, QUANTS, family_set
+from pytest_modeldiff.checks.results import FAILED, PASSED, SKIPPED
+from pytest_modeldiff.checks.run import run_checks
+from pytest_modeldiff.checks.thresholds import Thresholds
+from pytest_modeldiff.engine.modeldiff import ModelDiff
+from pytest_modeldiff.engine.settings import Settings
+
+FAST_FAMILIES = ("gemma3", "qwen3moe")
+FAST_QUANTS = ("f16", "q4_k_m")
+MAPPED = [name for name, family in FAMILIES.items() if family.mapped]
+UNMAPPED = [name for name, family in FAMILIES.items() if not family.mapped]
+LOGIT_CHECKS = ("kld", "nmse", "max_abs", "top10", "same_top", "kld_p99", "ppl_ratio", "rms_dp", "prob_mse",
+                "topk_acc_drop")
+
+
+def _tier(family: str, quant: str | None = None):
+    fast = family in FAST_FAMILIES and (quant is None or quant in FAST_QUANTS)
+    return () if fast else (pytest.mark.slow,)
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    """family -> checks of a candidate file, computed on first request; one ModelDiff (one
+    reference run) per family."""
+    diffs: dict[str, ModelDiff] = {}
+    results: dict[tuple[str, str], dict] = {}
+
+    def checks(family: str, stem: str) -> dict:
+        if (family, stem) not in results:
+            if family not in diffs:
+                folder = family_set(family)
+                files = [folder / f"{family}-{q}.gguf" for q in QUANTS]
+                files += [folder / f"broken-{bug}-f32.gguf" for bug in FAMILIES[family].bugs]
+                diffs[family] = ModelDiff(folder / "hf", files, Settings())
+            cmp = diffs[family].compare(stem)
+            results[family, stem] = {r.name: r for r in run_checks(cmp, Thresholds().resolve(cmp.quant_class))}
+        return results[family, stem]
+
+    yield checks
+    for md in diffs.values():
+        md.close()
+
+
+@pytest.mark.parametrize("family, quant", [pytest.param(f, q, marks=_tier(f, q), id=f"{f}-{q}")
+                                           for f in MAPPED for q in QUANTS])
+def test_correct_conversion_passes_every_default_check(matrix, family, quant):
+    results = matrix(family, f"{family}-{quant}")
+    failed = {name: [(row.metric, row.value, row.threshold) for row in r.rows] + r.details[:3]
+              for name, r in results.items() if r.status != PASSED}
+    assert not failed
+
+
+@pytest.mark.parametrize("family, bug", [pytest.param(f, b, marks=_tier(f), id=f"{f}-{b}")
+                                         for f in MAPPED for b in FAMILIES[f].bugs])
+def test_characteristic_bug_fails_the_check_that_names_it(matrix, family, bug):
+    results = matrix(family, f"broken-{bug}-f32")
+    failed = {name for name, r in results.items() if r.status == FAILED}
+    assert set(BUGS[bug].checks) <= failed, f"{family} {bug}: expected {BUGS[bug].checks} to fail, failed: {failed}"
+
+
+def test_gemma_norm_without_offset_is_named_as_such(matrix):
+    """The converter stores Gemma's norms as 1 + w: a file without the +1 fails, and says so."""
+    weights = matrix("gemma3", "broken-norm-without-offset-f32")["weights"]
+    norms = [d for d in weights.details if "_norm.weight" in d]
+    assert norms and all("without the converter's +1" in d for d in norms), weights.details[:3]
+    assert not [d for d in weights.details if "_norm.weight" not in d and "more" not in d]  # only the norms
+
+
+def test_moe_swapped_experts_are_named_as_moved_rows(matrix):
+    weights = matrix("qwen3moe", "broken-experts-swapped-f32")["weights"]
+    assert any("ffn_gate_exps" in d and "rows permuted (2 of 4 rows moved)" in d for d in weights.details)
+
+
+@pytest.mark.parametrize("family", UNMAPPED)
+def test_unmapped_family_gets_logit_checks_and_a_clear_skip(family):
+    folder = family_set(family)
+    md = ModelDiff(folder / "hf", [folder / f"{family}-f16.gguf"], Settings())
+    try:
+        cmp = md.compare(f"{family}-f16")
+        results = {r.name: r for r in run_checks(cmp, Thresholds().resolve(cmp.quant_class))}
+    finally:
+        md.close()
+    for check in ("weights", "layers"):
+        assert results[check].status == SKIPPED
+        assert results[check].reason.startswith(f"{check}: architecture {family} not mapped")
+    assert all(results[name].status == PASSED for name in LOGIT_CHECKS), {
+        name: results[name].status for name in LOGIT_CHECKS}
