@@ -254,9 +254,13 @@ def rope_rows_to_gguf(rows, head_dim: int):
 
 
 def to_hf_layout(arch: str, gguf_name: str, weight, n_head: int, n_head_kv: int):
-    """Undo the converter's layout changes for one whole tensor (numpy, HF shape)."""
+    """Undo the converter's layout and value changes for one whole tensor (numpy, HF shape):
+    the rope permutation of Q/K, a norm stored as offset + w (formats/architectures.py)."""
     head_dim = rope_head_dim(arch, gguf_name, weight.shape[0], n_head, n_head_kv)
-    return weight if head_dim is None else rope_rows_to_hf(weight, head_dim)
+    weight = weight if head_dim is None else rope_rows_to_hf(weight, head_dim)
+    entry = architecture(arch)
+    offset = entry.undo_norm_offset(gguf_name) if entry else 0.0
+    return weight - np.float32(offset) if offset else weight
 
 
 def tensor_group(name: str) -> tuple[str, int | None]:

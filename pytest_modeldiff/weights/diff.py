@@ -461,15 +461,21 @@ def _rope_order(t: TensorDiff, r: _Side, c: _Side, tolerance: float) -> str:
     gguf = next((side.reader for side in (c, r) if side.reader.naming == "gguf"), None)
     if gguf is None or not t.name.endswith(mapping.ROPE_PERMUTED):
         return ""
-    _, n_head, n_head_kv = _gguf_heads(gguf)
+    arch, n_head, n_head_kv = _gguf_heads(gguf)
     n = n_head if ".attn_q." in t.name else n_head_kv
     head_dim = t.ref_shape[0] // n if n else 0
     if head_dim < 2 or head_dim % 2 or head_dim * n != t.ref_shape[0]:
         return ""
     a, b = r.read(0, r.meta.shape[0]), c.read(0, c.meta.shape[0])
-    for fix, text in ((mapping.rope_rows_to_gguf, "Q/K rows not permuted for rope (llama.cpp's LlamaModel.permute "
-                                                  "was not applied)"),
-                      (mapping.rope_rows_to_hf, "Q/K rows permuted for rope twice")):
+    if mapping.rope_head_dim(arch, t.name, t.ref_shape[0], n_head, n_head_kv) is None:  # kept in HF's order
+        fixes = ((mapping.rope_rows_to_hf, f"Q/K rows permuted for rope (LlamaModel.permute) in {arch}, whose "
+                                           "converter keeps HF's row order"),
+                 (mapping.rope_rows_to_gguf, "Q/K rows in the other rope order"))
+    else:
+        fixes = ((mapping.rope_rows_to_gguf, "Q/K rows not permuted for rope (llama.cpp's LlamaModel.permute "
+                                             "was not applied)"),
+                 (mapping.rope_rows_to_hf, "Q/K rows permuted for rope twice"))
+    for fix, text in fixes:
         if wm.relative_change(wm.moments(a, fix(b, head_dim))) <= tolerance:
             return text
     return ""
