@@ -165,6 +165,7 @@ def _gguf_runtime_defaults(values: dict[str, Any], metadata: Mapping[str, Any], 
     entry = architecture(arch)
     if entry is None:
         return
+    values.setdefault("rope_freq_base", 10000.0)  # llama_model::load_hparams' default (Gemma2's converter writes none)
     if not entry.swa_applied:  # the graph has no sliding window: neither its window nor its pattern apply
         for key in ("sliding_window", "rope_freq_base_swa"):
             values.pop(key, None)
