@@ -13,7 +13,7 @@ GEMMA3_HF = {"model_type": "gemma3_text", "num_hidden_layers": 6, "hidden_size":
 GEMMA3_GGUF = {"general.architecture": "gemma3", "gemma3.block_count": 6, "gemma3.embedding_length": 256,
                "gemma3.feed_forward_length": 512, "gemma3.attention.head_count": 4,
                "gemma3.attention.head_count_kv": 2, "gemma3.attention.key_length": 64,
-               "gemma3.context_length": 2048, "gemma3.rope.freq_base": 1000000.0,
+               "gemma3.context_length": 2048, "gemma3.rope.freq_base": 1000000.0, "gemma3.vocab_size": 49152,
                "gemma3.rope.freq_base_swa": 10000.0, "gemma3.attention.sliding_window": 8,
                "gemma3.attention.layer_norm_rms_epsilon": 9.999999974752427e-07}
 
