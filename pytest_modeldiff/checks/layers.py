@@ -95,7 +95,9 @@ def check_layers(cmp: Comparison, threshold: Threshold) -> CheckResult:
 
 
 def _times(x: float | None) -> str:
-    return "n/a" if x is None or not np.isfinite(x) and x is not np.inf else ("x inf" if np.isinf(x) else f"x{x:.3g}")
+    if x is None or np.isnan(x):
+        return "n/a"
+    return "x inf" if np.isinf(x) else f"x{x:.3g}"
 
 
 def _first_over(st, threshold: Threshold) -> int | None:

@@ -25,28 +25,36 @@ def diag_set():
     return diagnosis.diagnosis_set()
 
 
-def _results(folder, runner, **settings):
-    names = ["tiny-f16", *(f"diag-{kind}-{where}-f16" for kind in KINDS for where in CASES)]
-    md = ModelDiff(folder / "hf", [folder / f"{n}.gguf" for n in names], Settings(cand_runner=runner, **SHORT,
-                                                                                     **settings))
-    out = {}
-    try:
-        for name in names:
+class Judged:
+    """One ModelDiff per runner (the reference runs once); each candidate compared and judged on
+    first request, so a selection of the tests runs only what it needs."""
+
+    def __init__(self, folder, runner):
+        self.runner = runner
+        names = ["tiny-f16", *(f"diag-{kind}-{where}-f16" for kind in KINDS for where in CASES)]
+        self.md = ModelDiff(folder / "hf", [folder / f"{n}.gguf" for n in names],
+                            Settings(cand_runner=runner, **SHORT))
+        self.done = {}
+
+    def __getitem__(self, name):
+        if name not in self.done:
             t0 = time.perf_counter()
-            cmp = md.compare(name)
+            cmp = self.md.compare(name)
             result = check_layers(cmp, Thresholds().resolve(cmp.quant_class)["rfn"])
-            out[name] = (cmp, result, failure_message(result, cmp), time.perf_counter() - t0)
-    finally:
-        md.close()
-    return out
+            self.done[name] = (cmp, result, failure_message(result, cmp), time.perf_counter() - t0)
+        return self.done[name]
 
 
 @pytest.fixture(scope="module", params=["llamacpp", "gguf-torch"])
 def judged(request, diag_set):
-    return request.param, _results(diag_set, request.param)
+    judged = Judged(diag_set, request.param)
+    yield judged.runner, judged
+    judged.md.close()
 
 
-@pytest.mark.parametrize("where", CASES)
+# the middle layer in the default run, the early and last ones in the slow tier
+@pytest.mark.parametrize("where", [pytest.param("early", marks=pytest.mark.slow), "middle",
+                                   pytest.param("last", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", KINDS)
 def test_suspect_is_the_broken_layer(judged, kind, where):
     runner, results = judged
@@ -59,7 +67,7 @@ def test_suspect_is_the_broken_layer(judged, kind, where):
     assert "weights" in suspect["evidence"] and suspect["tensors"], suspect
     assert all(f".{layer}." in t or f"blk.{layer}." in t for t in suspect["tensors"]), suspect
     # a llama.cpp candidate that fails gets its isolated error from a gguf-torch pass (--modeldiff-isolate auto)
-    assert result.extra["isolated_source"] == ("gguf-torch" if runner == "llamacpp" else "gguf-torch")
+    assert result.extra["isolated_source"] == "gguf-torch"
     assert "isolated error" in suspect["evidence"]
     # the hint quotes the level of the states before the suspect instead of claiming they match
     if layer != "0":
