@@ -237,11 +237,12 @@ class ModelDiff:
         ref_seconds = ref_store.seconds if ref_store else 0.0
         ref_load_s = (ref_store.load_seconds if ref_store else 0.0) + self._ref_load_seconds
         ref_forward, ref_load = (ref_seconds, ref_load_s) if first_use else (0.0, 0.0)
-        cmp.timings = {
+        diagnosis_s = sum(cmp.timings.values())  # attribution_s, long_context_s: set above, timed apart
+        cmp.timings.update({
             "reference_forward_s": ref_seconds, "reference_load_s": ref_load_s,
             "candidate_forward_s": cand_seconds, "candidate_load_s": cand_load, "comparison_s": total,
-            "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load),
-        }
+            "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load - diagnosis_s),
+        })
         return cmp
 
     def _run_candidate(self, cmp: Comparison, ref_store: "ReferenceStore") -> float:
