@@ -251,7 +251,9 @@ def _tips(cmp: Comparison, first: int | None, suspect: dict | None) -> list[str]
                         "layers share show first (rope freq base or scaling, Q/K permutation, norm epsilon, head "
                         "counts)")
         else:
-            tips.append(f"{level}{describe(name)} departs from that level{tensors}: suspect that layer's own tensors "
+            how = ("departs from that level" if "change point" in suspect["evidence"]
+                   else "stands out by its own (isolated) error")
+            tips.append(f"{level}{describe(name)} {how}{tensors}: suspect that layer's own tensors "
                         "(scaled, swapped, transposed or corrupted weights)")
         if first is not None and first != i:
             tips.append(f"rfn first exceeds its absolute limit at {describe(st.names[first])}, "
