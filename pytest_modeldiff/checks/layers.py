@@ -41,12 +41,18 @@ def check_layers(cmp: Comparison, threshold: Threshold) -> CheckResult:
     first = _first_over(st, threshold)
     bad = _weight_evidence(cmp)
     floor = _floor(cmp)
+    # limits the user set (marker, option, ini) say what rfn is acceptable: the verdict is theirs alone
+    user_limits = any(not threshold.value.for_layer(name).source.startswith("default") for name in st.names)
     suspect = _suspect(st, bad, floor)
+    if suspect is not None and user_limits:
+        suspect["fails"] = False
     failing = first is not None or (suspect is not None and suspect["fails"])
     if (st.isolated_rfn is None and cmp.isolate_of is not None
             and (cmp.isolate == "always" or (cmp.isolate == "auto" and failing))):
         cmp.isolate_of()  # fills st.isolated_rfn, or says why not in cmp.isolate_error
         suspect = _suspect(st, bad, floor)
+        if suspect is not None and user_limits:
+            suspect["fails"] = False
         failing = first is not None or (suspect is not None and suspect["fails"])
     if not failing and suspect is not None and not suspect["weights"]:
         suspect = None  # a passing check without weight evidence accuses no layer (a quantized embedding
@@ -75,8 +81,8 @@ def check_layers(cmp: Comparison, threshold: Threshold) -> CheckResult:
                                f"<= {fmt(per_layer[first]['threshold'])}", False))
     if suspect is not None:
         result.rows.append(Row(f"suspect layer: {describe(suspect['layer'])} ({', '.join(suspect['evidence'])})",
-                               _times(suspect["departure"]), "no change point with weights out of limit",
-                               not suspect["fails"]))
+                               _times(suspect["departure"]), "rfn limits set by the user" if user_limits
+                               else "no change point with weights out of limit", not suspect["fails"]))
     result.extra = {"layers": per_layer, "first_offending": None if first is None else st.names[first],
                     "largest_jump": None if jump is None else st.names[jump],
                     "suspect_layer": None if suspect is None else suspect["layer"],
