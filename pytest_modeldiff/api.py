@@ -121,6 +121,8 @@ def compare(reference: str | Path, candidates: str | Path | Sequence[str | Path]
                                   f"known: {', '.join(Settings.__dataclass_fields__)}")
     settings.setdefault("logits", bool(set(names) & set(LOGIT_CHECKS)))
     settings.setdefault("layers", "layers" in names)
+    if "long_context" not in names:
+        settings.setdefault("long_context", 0)  # its sequence is run for its check only
     if not isinstance(thresholds, Thresholds):
         thresholds = Thresholds(given=thresholds, gate=gate)
     elif gate is not None:

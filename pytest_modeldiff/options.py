@@ -103,6 +103,16 @@ OPTIONS = (
            "(models larger than RAM)", "stream_layers", action="store_true"),
     Option("--modeldiff-checkpoint-dir", "where --modeldiff-stream-layers saves its progress (default: "
            "~/.cache/pytest-modeldiff/stream)", "checkpoint_dir", metavar="DIR", path=True),
+    Option("--modeldiff-isolate", "isolated per-layer error of llama.cpp candidates (each layer fed the reference's "
+           "input) from a gguf-torch pass over the same GGUF: auto (when the layers check fails), always, never "
+           "(default auto)", "isolate", ini="modeldiff_isolate", choices=("auto", "always", "never")),
+    Option("--modeldiff-attribution", "per-layer quality attribution: the KLD added by each layer's candidate weights "
+           "alone (the reference with that one layer swapped for the candidate's dequantized layer); one forward "
+           "pass per layer and sequence", "attribution", action="store_true"),
+    Option("--modeldiff-long-context", "add one sequence of N tokens and report KLD by position bucket (sliding "
+           "window, rope scaling and context bugs show only past a length); default: twice the model's sliding "
+           "window if it has one, 0 turns it off", "long_context", at_least(0), ini="modeldiff_long_context",
+           metavar="N"),
     # where it runs
     Option("--modeldiff-device", "device for torch runners and llama.cpp offload (default cpu)", "device",
            ini="modeldiff_device", choices=("cpu", "cuda")),
@@ -215,5 +225,7 @@ def settings_fields(values: dict, checks: list[str]) -> dict[str, Any]:
     fields = {o.dest: values[o.dest] for o in OPTIONS if o.setting and values.get(o.dest) is not None}
     fields["logits"] = not checks or bool(set(checks) & set(LOGIT_CHECKS))
     fields["layers"] = not checks or "layers" in checks
+    if checks and "long_context" not in checks:
+        fields["long_context"] = 0  # its sequence is run for its check only
     fields["ref_cache"] = reference_cache_dir(values.get("ref_cache"))
     return fields

@@ -222,6 +222,14 @@ CHECKS: dict[str, Check] = {
             key="rfn",
             per_layer=True,
         ),
+        Check(
+            "long_context",
+            "one long sequence (--modeldiff-long-context, default twice the sliding window): no later position "
+            "bucket's mean KLD over the kld limit and this many times the first bucket's",
+            LOWER,
+            _by_class(4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0),
+            key="long_context_ratio",
+        ),
     ]
 }
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from .exact import check_metadata, check_tokens, check_vocab
 from .layers import check_layers
 from .logits import check_logits, check_topk_acc_drop
+from .long_context import check_long_context
 from .registry import CHECKS
 from .results import CheckResult
 from .thresholds import Threshold
@@ -32,6 +33,8 @@ def run_check(name: str, cmp: Comparison | WeightComparison, thresholds: dict[st
         return check_weights(cmp.weights, thresholds)
     if name in EXACT_CHECKS:
         return EXACT_CHECKS[name](cmp)
+    if name == "long_context":
+        return check_long_context(cmp, thresholds[CHECKS[name].threshold_key], thresholds["kld"])
     if name in OWN_FUNCTION_CHECKS:
         return OWN_FUNCTION_CHECKS[name](cmp, thresholds[CHECKS[name].threshold_key])
     return check_logits(name, cmp, thresholds[name])

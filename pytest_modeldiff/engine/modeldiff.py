@@ -23,7 +23,7 @@ from ..metrics import layers
 from ..runners.base import Runner
 from ..runners.detect import make_runner
 from ..weights.diff import ArchitectureNotMapped, compare_weights
-from . import evaldata
+from . import diagnosis, evaldata
 from .progress import Pace
 from .records import TOPK_KEPT, Comparison, PositionStats, TokenDiff, WeightComparison
 from .settings import Settings
@@ -57,6 +57,7 @@ class ModelDiff:
         self._comparisons: dict[str, Comparison] = {}
         self._weights: dict[str, WeightComparison] = {}
         self._environment: dict | None = None
+        self._long_ref: tuple[int, list[int], np.ndarray] | None = None  # the long-context probe's reference run
 
     # -- evaluation input and the reference pass ------------------------------------------
     def prepare(self) -> None:
@@ -160,8 +161,14 @@ class ModelDiff:
     # -- candidates ------------------------------------------------------------------------
     def compare(self, key: str) -> Comparison:
         if key not in self._comparisons:
-            cmp = self._compare(self.candidates[key])
+            cand = self.candidates[key]
+            cmp = self._compare(cand)
             cmp.weights_of = lambda: self.weights(key)
+            cmp.isolate = self.settings.isolate
+            if (cmp.layers is not None and cmp.layers.isolated_rfn is None and cand.kind == "llamacpp"
+                    and self.settings.isolate != "never" and self._ref_store is not None
+                    and self._ref_store.has_hidden):
+                cmp.isolate_of = lambda: self._isolate(cmp)
             self._comparisons[key] = cmp
         return self._comparisons[key]
 
@@ -222,17 +229,23 @@ class ModelDiff:
             cmp.error = "logit metrics not computed: the selected checks (--modeldiff-checks) need none"
         if self.settings.layers and self.settings.stream_layers:
             self._stream_layers(cmp, eval_input)
+        if run_models and cmp.error is None:
+            if self.settings.attribution:
+                self._attribute(cmp)
+            if self.settings.logits:
+                self._long_context(cmp)
         cand.close()  # weights are not needed any more; tokenizer and vocab stay available
         total = time.perf_counter() - started
         # The reference pass is shared: it is charged to the candidate compared first.
         ref_seconds = ref_store.seconds if ref_store else 0.0
         ref_load_s = (ref_store.load_seconds if ref_store else 0.0) + self._ref_load_seconds
         ref_forward, ref_load = (ref_seconds, ref_load_s) if first_use else (0.0, 0.0)
-        cmp.timings = {
+        diagnosis_s = sum(cmp.timings.values())  # attribution_s, long_context_s: set above, timed apart
+        cmp.timings.update({
             "reference_forward_s": ref_seconds, "reference_load_s": ref_load_s,
             "candidate_forward_s": cand_seconds, "candidate_load_s": cand_load, "comparison_s": total,
-            "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load),
-        }
+            "overhead_s": max(0.0, total - cand_seconds - cand_load - ref_forward - ref_load - diagnosis_s),
+        })
         return cmp
 
     def _run_candidate(self, cmp: Comparison, ref_store: "ReferenceStore") -> float:
@@ -290,6 +303,91 @@ class ModelDiff:
         if writer:
             self._finish_dumps(cand, writer, last_row, cmp.quant_type)
         return cand_seconds
+
+    # -- diagnosis passes (engine/diagnosis.py) ---------------------------------------------
+    def _isolate(self, cmp: Comparison) -> None:
+        """The isolated per-layer error of a llama.cpp candidate from a gguf-torch pass over its GGUF
+        (llama.cpp cannot take another model's hidden state); called by the layers check."""
+        if cmp.layers.isolated_rfn is not None or cmp.isolate_error:
+            return
+        t0 = time.perf_counter()
+        s = self.settings
+        try:
+            cmp.layers.isolated_rfn = diagnosis.isolated_pass(self._reference(), cmp.candidate.path,
+                                                              cmp.eval.sequences, s.device, s.threads, self.progress)
+            cmp.layers.isolated_source = "gguf-torch"
+        except ModelDiffError as exc:
+            cmp.isolate_error = str(exc)
+        cmp.timings["isolate_s"] = time.perf_counter() - t0
+
+    def _attribute(self, cmp: Comparison) -> None:
+        """--modeldiff-attribution: the KLD each unit's candidate weights add alone (diagnosis.attribution)."""
+        from ..runners.gguf_torch import GGUFTorchRunner
+        from ..runners.hf import TorchCausalLM
+
+        ref, cand, s = self.reference, cmp.candidate, self.settings
+        if not isinstance(ref, TorchCausalLM):
+            cmp.attribution = {"error": f"the reference runs in {ref.kind}; attribution swaps transformers layers"}
+            return
+        own = None
+        if isinstance(cand, TorchCausalLM):
+            torch_cand = cand
+        elif cand.kind == "llamacpp":
+            torch_cand = own = GGUFTorchRunner(cand.path, s.device, s.threads)
+        else:
+            cmp.attribution = {"error": f"{cand.path} runs in {cand.kind}, which has no layers to swap"}
+            return
+        try:
+            n = max(len(seq.ids) for seq in cmp.eval.sequences)
+            ref.load(n)
+            torch_cand.load(n)
+            cmp.attribution = diagnosis.attribution(ref, torch_cand, cmp.eval.sequences, self.progress)
+        except ModelDiffError as exc:
+            cmp.attribution = {"error": str(exc)}
+        finally:
+            if own is not None:
+                own.close()
+        cmp.timings["attribution_s"] = cmp.attribution.get("seconds", 0.0)
+
+    def long_context_length(self, cand: Runner) -> tuple[int, str]:
+        """--modeldiff-long-context, else a length drawn from the models' metadata (0: off)."""
+        if self.settings.long_context is not None:
+            return self.settings.long_context, "--modeldiff-long-context"
+        try:
+            return diagnosis.default_long_context(self.reference.hparams(), cand.hparams())
+        except ModelDiffError:
+            return 0, "no metadata"
+
+    def _long_context(self, cmp: Comparison) -> None:
+        """One long sequence through both models: KLD by position bucket (diagnosis.bucket_kld)."""
+        length, why = self.long_context_length(cmp.candidate)
+        if length <= 0:
+            return
+        ref, cand = self.reference, cmp.candidate
+        fixed = next((r for r in (ref, cand) if r.fixed_sequences()), None)
+        if fixed is not None:
+            cmp.long_context = {"skipped": f"{fixed.path} is a recording of fixed tokens", "source": why}
+            return
+        t0 = time.perf_counter()
+        try:
+            if self._long_ref is None or self._long_ref[0] != length:
+                vocab = ref.vocab()
+                bos_id = vocab.special.get("bos") if vocab and vocab.add_bos else None
+                ids = diagnosis.long_sequence(cmp.eval.sequences, length, bos_id)
+                ref.load(length)
+                self._long_ref = (length, ids, ref.logits(ids))
+            _, ids, ref_logits = self._long_ref
+            cand.load(length)
+            cand_logits = cand.logits(ids)
+            window = (ref.hparams() or {}).get("sliding_window")
+            cmp.long_context = {**diagnosis.bucket_kld(ref_logits, cand_logits,
+                                                       window=window if isinstance(window, int) else None),
+                                "source": why}
+        except ModelDiffError as exc:
+            cmp.long_context = {"error": str(exc), "source": why}
+        cmp.timings["long_context_s"] = time.perf_counter() - t0
+        if cmp.long_context is not None:
+            cmp.long_context["seconds"] = cmp.timings["long_context_s"]
 
     def _stream_layers(self, cmp: Comparison, eval_input) -> None:
         from . import streaming

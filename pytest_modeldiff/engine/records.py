@@ -165,6 +165,13 @@ class Comparison(Pair):
     timings: dict[str, float] = field(default_factory=dict)
     topk_max: int = Settings.topk_max
     weights_of: Callable[[], WeightComparison] | None = None  # set by ModelDiff: its cached weight diff
+    # set by ModelDiff for candidates whose runner gives no isolated error (llama.cpp): runs the
+    # GGUF in gguf-torch on the reference's states, filling layers.isolated_rfn (--modeldiff-isolate)
+    isolate_of: Callable[[], None] | None = None
+    isolate: str = "auto"  # --modeldiff-isolate: auto (when the layers check fails), always, never
+    isolate_error: str | None = None  # why the isolated pass could not run
+    attribution: dict | None = None  # --modeldiff-attribution: KLD added by each layer's weights alone
+    long_context: dict | None = None  # --modeldiff-long-context: KLD by position bucket of one long sequence
 
     @property
     def weights(self) -> WeightComparison:

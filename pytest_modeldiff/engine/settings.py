@@ -28,9 +28,13 @@ class Settings:
     topk_max: int = 5  # top-K accuracy and agreement for K = 1..topk_max (exllamav2's --topk_max)
     llama_perplexity_compat: bool = False  # llama-perplexity's chunks, BOS and scored second half
     ref_cache: Path | None = None  # folder of reference caches (refcache.py); None: always run the reference
+    isolate: str = "auto"  # llama.cpp candidates' isolated per-layer error from a gguf-torch pass: auto/always/never
+    attribution: bool = False  # KLD added by each layer's candidate weights alone (reference with one layer swapped)
+    long_context: int | None = None  # tokens of the long-context probe; None: from the metadata, 0: off
 
     def __post_init__(self):
-        for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1), ("keep_layers", 0), ("topk_max", 1)):
+        for name, low in (("eval_rows", 1), ("eval_length", 2), ("threads", 1), ("keep_layers", 0), ("topk_max", 1),
+                          ("long_context", 0)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < low):
                 option = f"--{'' if name.startswith('eval_') else 'modeldiff-'}{name.replace('_', '-')}"
@@ -40,6 +44,8 @@ class Settings:
                                       "-f FILE: give --eval-text FILE (or --eval-dataset)")
         if self.ref_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ModelDiffUsageError(f"--ref-dtype: {self.ref_dtype!r} is not auto, float32, bfloat16 or float16")
+        if self.isolate not in ("auto", "always", "never"):
+            raise ModelDiffUsageError(f"--modeldiff-isolate must be auto, always or never, got {self.isolate!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ModelDiffUsageError(f"--modeldiff-device: {self.device!r} is not cpu or cuda")
 

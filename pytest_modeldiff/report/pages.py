@@ -101,6 +101,15 @@ def markdown_report(report: dict) -> str:
                 out += ["", f"{check['name']} failed at:", "", *_fenced(check["details"])]
         if cand.get("kl_stats"):
             out += ["", "llama-perplexity statistics:", "", *_fenced(_kl_lines(cand))]
+        for check in cand.get("checks", []):
+            extra = _numbers(check.get("extra", {}))
+            if (extra.get("attribution") or {}).get("units"):
+                out += ["", f"per-layer attribution ({extra['attribution']['seconds']:.1f} s):", "",
+                        *_md_table(["unit", "KLD added alone", "share of the sum"],
+                                   _attribution_rows(extra["attribution"]))]
+            if (extra.get("long_context") or {}).get("buckets"):
+                out += ["", f"long-context probe ({extra['long_context']['length']} tokens):", "",
+                        *_md_table(["positions", "KLD mean", "KLD max"], _bucket_rows(extra["long_context"]))]
     out += ["", "Plots (KLD histograms, per-layer rfn, size vs KLD) are in the HTML report.", ""]
     return "\n".join(out)
 
@@ -254,6 +263,16 @@ def _html_candidate(cand: dict, ref_name: str) -> list[str]:
             out.append(plots.rfn_svg(f"{title}: per-layer rfn", [row["name"] for row in rows],
                                      [float(row["rfn_mean"]) for row in rows], [row["threshold"] for row in rows],
                                      [row["isolated_rfn"] for row in rows]))
+        if check["name"] == "layers" and (extra.get("attribution") or {}).get("units"):
+            out += _html_attribution(extra["attribution"], title)
+        if check["name"] == "long_context" and (extra.get("long_context") or {}).get("buckets"):
+            probe = extra["long_context"]
+            out += [f"<p>long-context probe: {probe['length']} tokens ({escape(str(probe['source']))}), mean KLD "
+                    "by position bucket</p>",
+                    *_html_table(["positions", "KLD mean", "KLD max"], _bucket_rows(probe)),
+                    plots.bars_svg(f"{title}: KLD by position bucket", [f"{b['start']}-{b['stop'] - 1}"
+                                                                        for b in probe["buckets"]],
+                                   [b["kld_mean"] for b in probe["buckets"]], "mean KL(ref || cand) per bucket")]
         if check["name"] == "weights" and extra.get("weights", {}).get("layers"):
             per_layer = extra["weights"]["layers"]
             out.append(plots.bars_svg(f"{title}: weights per layer", list(per_layer), list(per_layer.values()),
@@ -262,6 +281,23 @@ def _html_candidate(cand: dict, ref_name: str) -> list[str]:
 
 
 NUMBER = re.compile(r"[-+]?(\d|\.\d)[\d.]*(e[-+]?\d+)?( %)?$")
+
+
+def _attribution_rows(table: dict) -> list[list[str]]:
+    return [[u["name"], cell(u["kld"]), f"{100 * u['share']:.1f} %"] for u in table["units"]]
+
+
+def _bucket_rows(probe: dict) -> list[list[str]]:
+    return [[f"{b['start']}-{b['stop'] - 1}", cell(b["kld_mean"]), cell(b["kld_max"])] for b in probe["buckets"]]
+
+
+def _html_attribution(table: dict, title: str) -> list[str]:
+    """--modeldiff-attribution: the KLD each unit's candidate weights add alone, as a table and bars."""
+    head = (f"<p>per-layer attribution ({escape(table['direction'])}; {table['positions']} positions, "
+            f"{table['seconds']:.1f} s): sum {cell(table['sum_kld'])}, whole candidate {cell(table['total_kld'])}</p>")
+    return [head, *_html_table(["unit", "KLD added alone", "share of the sum"], _attribution_rows(table)),
+            plots.bars_svg(f"{title}: KLD added by each unit's weights alone", [u["name"] for u in table["units"]],
+                           [u["kld"] for u in table["units"]], "mean KLD, the reference with that unit swapped")]
 
 
 def _html_table(head: list[str], rows: list, status_column: bool = False) -> list[str]:

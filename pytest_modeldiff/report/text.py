@@ -31,6 +31,8 @@ def layer_table(result: CheckResult) -> list[str]:
     lines = [head]
     for row in extra["layers"]:
         status = "kept" if row["kept"] else "ok" if row["passed"] else "FAIL"
+        if row["name"] == extra.get("suspect_layer"):
+            status += "  <- suspect"
         if row["name"] == extra["first_offending"]:
             status += "  <- first over its limit"
         elif row["name"] == extra["largest_jump"] and not row["kept"]:

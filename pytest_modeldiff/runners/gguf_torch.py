@@ -6,7 +6,9 @@ is in the weights (conversion or quantization); if it fails only under llama.cpp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from ..formats.gguf_file import open_gguf
 from ..formats.vocab import VocabInfo
@@ -22,6 +24,19 @@ class GGUFTorchRunner(TorchCausalLM):
 
     def _source(self) -> tuple[Path, dict]:
         return self.path.parent, {"gguf_file": self.path.name}  # transformers dequantizes the tensors
+
+    def isolated_states(self, ids: Sequence[int], feed: np.ndarray) -> np.ndarray:
+        """Each decoder layer's output (and the final norm's) when fed the reference's input ``feed``
+        (canonical layout, layers.py): one pass, without the model's own states. For llama.cpp
+        candidates, whose runtime cannot take another model's state (--modeldiff-isolate)."""
+        import torch
+
+        self.check_ids(ids, self.model.get_input_embeddings().num_embeddings)
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
+        blocks, norm = self._blocks()
+        ref = torch.as_tensor(feed, device=self.model.device)[:, None]
+        _, states = self._run(input_ids, blocks, norm, {i: ref[i] for i in range(len(blocks) + 1)})
+        return states[:, 0].float().cpu().numpy()
 
     def quant_type(self) -> str:
         return self.gguf.quant_type

@@ -66,9 +66,11 @@ def test_gguf_torch_localises_the_scaled_layer_and_isolates_it(tiny):
     assert iso[2] > 0.03  # layer 1 (state index 2) fed the reference's input is still wrong
     assert np.all(np.delete(iso, 2) < 1e-3), iso  # every other layer alone is fine
     message = failure_message(result, cmp)
-    assert "1     |" in message and "<- first over its limit" in message
-    assert "isolated error (each layer fed the reference's input): largest at layer 1" in message
-    assert "hint: layers before 1 match and layer 1 does not" in message
+    assert "1     |" in message and "<- first over its limit" in message and "<- suspect" in message
+    assert result.extra["suspect_layer"] == "1"
+    assert result.extra["suspect"]["evidence"] == ["isolated error", "change point", "weights"]
+    assert "suspect: layer 1 (rfn " in message and "the median layer's (gguf-torch)" in message
+    assert "hint: the states before it stay at rfn <= " in message and "layer 1 departs from that level" in message
 
 
 def test_keep_layers_hands_the_reference_state_to_later_layers(tiny):

@@ -9,6 +9,8 @@ import pytest
 from pytest_modeldiff.checks.registry import CHECKS
 
 N = len(CHECKS)
+# the demo declares no sliding window: its long_context item is skipped (no --modeldiff-long-context)
+SKIPPED_BY_DEFAULT = ("long_context",)
 
 USER_TEST = """
 import pytest
@@ -55,10 +57,10 @@ def test_without_ref_model_the_plugin_stays_out_of_the_way(pytester, run):
 
 def test_builtin_checks_run_with_no_test_file(run):
     result = run("-v")
-    result.assert_outcomes(passed=N)
+    result.assert_outcomes(passed=N - 1, skipped=1)
     out = result.stdout.str()
     for check in CHECKS:
-        assert f"modeldiff[demo-q8_0]::{check} PASSED" in out
+        assert f"modeldiff[demo-q8_0]::{check} {'SKIPPED' if check in SKIPPED_BY_DEFAULT else 'PASSED'}" in out
     # the header says what the plugin adds, before pytest's count (which includes the items)
     result.stdout.fnmatch_lines(["modeldiff: reference * (hf, float32 (stored bfloat16)); candidates: demo-q8_0",
                                  f"modeldiff: adds {N} test items: 1 candidate(s) x {N} checks*",
@@ -122,7 +124,7 @@ def test_quality_gate_is_named_and_its_limits_apply(run, tmp_path):
 def test_cli_threshold_fails_with_table_source_and_hint(run, tmp_path):
     report = tmp_path / "report.json"
     result = run("--modeldiff-threshold", "kld=1e-9", "--modeldiff-json", str(report))
-    result.assert_outcomes(passed=N - 1, failed=1)
+    result.assert_outcomes(passed=N - 2, failed=1, skipped=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         "*modeldiff kld FAILED: demo-q8_0.gguf (llamacpp, Q8_0 -> class q8) vs reference hf",
@@ -258,7 +260,7 @@ def test_two_candidates_parametrize_tests_and_items(pytester, run, demo_ref, dem
     pytester.makepyfile("def test_t(modeldiff):\n    modeldiff.assert_kld()\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "-v", f"--ref-model={demo_ref}",
                                 f"--cand-model={demo_cand}", f"--cand-model={second}")
-    result.assert_outcomes(passed=2 * N + 2)
+    result.assert_outcomes(passed=2 * N, skipped=2)
     result.stdout.fnmatch_lines(["*test_t[[]demo-q8_0[]] PASSED*", "*test_t[[]copy-q8_0[]] PASSED*",
                                  "*modeldiff[[]copy-q8_0[]]::same_top PASSED*"])
 

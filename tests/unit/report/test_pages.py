@@ -318,3 +318,26 @@ def test_chromium_screenshot_is_not_blank(tmp_path):
     assert (width, height) == (1200, 1600) and len(data) > 10_000
     # a blank page filters to a handful of byte values; text, tables and colours give many
     assert len(set(pixels[::7])) > 32
+
+
+def test_attribution_and_long_context_sections():
+    """--modeldiff-attribution's table and bars, the long-context probe's buckets (HTML and Markdown)."""
+    units = [{"name": n, "kld": k, "share": k / 0.0136} for n, k in (("embd", 1e-3), ("0", 0.01), ("1", 2e-3),
+                                                                      ("norm", 1e-4), ("head", 5e-4))]
+    probe = {"length": 128, "window": 32, "source": "twice the sliding window 32", "kld_mean": 0.4,
+             "buckets": [{"start": 0, "stop": 32, "kld_mean": 3e-6, "kld_max": 1e-5},
+                         {"start": 32, "stop": 128, "kld_mean": 0.6, "kld_max": 2.0}]}
+    cand = candidate("q4_k_m", 0.05, 4_000_000_000, [
+        check("layers", rows=[row("rfn, worst of 4 states", "0.05", "<= 0.45")], layers=layers(0.45),
+              attribution={"units": units, "total_kld": 0.015, "sum_kld": 0.0136, "largest": units[1],
+                           "positions": 200, "seconds": 12.5, "direction": "KL(reference || swapped)"}),
+        check("long_context", status="failed", rows=[row("KLD mean, positions 32-127", "0.6", "<= 4 x early",
+                                                         False)], long_context=probe)])
+    report = json.loads(json.dumps(_finite({"format": "pytest-modeldiff report v2", "environment": {},
+                                            "candidates": [cand]})))
+    page = html_report(report)
+    assert "per-layer attribution" in page and "KLD added by each unit" in page and "12.5 s" in page
+    assert "long-context probe: 128 tokens" in page and "32-127" in page
+    md = markdown_report(report)
+    assert "per-layer attribution (12.5 s):" in md and "| 0 | 0.01 | 73.5 % |" in md
+    assert "long-context probe (128 tokens):" in md
