@@ -354,20 +354,21 @@ def test_layers_item_table_json_plot_and_markers(pytester, tiny, tmp_path):
     result.stdout.fnmatch_lines([
         "*modeldiff layers FAILED: broken-layer-scaled-f16.gguf (llamacpp, F16 -> class f16) vs reference hf",
         "per-layer rfn (in-memory, thresholds from default (f16)):",
-        "layer | rfn mean *| rfn max *| cos err *| SQNR dB | threshold | status",
-        "1 *| FAIL  <- first over its limit",
+        "layer | rfn mean *| rfn max *| cos err *| SQNR dB | isolated rfn | threshold | status",  # gguf-torch pass
+        "1 *| FAIL  <- suspect  <- first over its limit",
         "where:", "  first state over its limit: layer 1 (rfn * > 0.01 from default (f16))",
-        "  largest jump: layer 1, rfn x* over layer 0 *",
-        "hint: layers before 1 match and layer 1 does not*",
+        "  suspect: layer 1 (rfn * -> *, x* over the growth of the states before it; isolated rfn *(gguf-torch)*",
+        "hint: the states before it stay at rfn <= *; layer 1 departs from that level*",
     ])
     result.stdout.fnmatch_lines(["*test_marker_tight_on_layer_1*", "*from marker*"])
     layers = next(c for c in json.loads(report.read_text())["candidates"][0]["checks"] if c["name"] == "layers")
     assert layers["extra"]["first_offending"] == "1" and len(layers["extra"]["layers"]) == 6
+    assert layers["extra"]["suspect_layer"] == "1" and layers["extra"]["isolated_source"] == "gguf-torch"
     assert layers["extra"]["layers"][2]["rfn_mean"] > 0.03 and layers["extra"]["layers"][2]["passed"] is False
     plot = report.parent / "report-rfn-broken-layer-scaled-f16.svg"
     svg = ET.parse(plot).getroot()
     lines = [e for e in svg.iter() if e.tag.endswith("polyline")]
-    assert [e.get("data-label") for e in lines] == ["rfn (mean over sequences)", "threshold"]
+    assert [e.get("data-label") for e in lines] == ["rfn (mean over sequences)", "isolated rfn", "threshold"]
     assert len(lines[0].get("points").split()) == 6
 
 
