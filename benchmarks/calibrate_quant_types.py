@@ -110,14 +110,15 @@ def _number(text: str) -> float | None:
         return None
 
 
-def measure_logits(hf: Path, files: dict[str, Path], tokens: tuple[int, int]) -> dict[str, dict]:
+def measure_logits(hf: Path, files: dict[str, Path], tokens: tuple[int, int], checks: str = "") -> dict[str, dict]:
     """One plugin run over every file: per file type each check's worst value over both scopes,
     its verdict and the KL statistics."""
     rows, length = tokens
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--rootdir={tmp}", f"--ref-model={hf}",
                *(f"--cand-model={path}" for path in files.values()), f"--eval-text={build.EVAL_TEXT}",
-               f"--eval-rows={rows}", f"--eval-length={length}", f"--modeldiff-json={tmp}/report.json", "-q"]
+               f"--eval-rows={rows}", f"--eval-length={length}", f"--modeldiff-json={tmp}/report.json", "-q",
+               *([f"--modeldiff-checks={checks}"] if checks else [])]
         result = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if result.returncode not in (0, 1):
             raise RuntimeError(f"plugin run exited {result.returncode}:\n{result.stdout[-3000:]}"
@@ -220,6 +221,7 @@ def main() -> None:
     parser.add_argument("--no-weights", action="store_true")
     parser.add_argument("--no-logits", action="store_true")
     parser.add_argument("--tokens", default="4x256", help="eval rows x length for the logit run")
+    parser.add_argument("--checks", default="", help="--modeldiff-checks for the logit run (default: all)")
     parser.add_argument("--print", type=Path, dest="print_json", help="print the tables of a saved --json")
     args = parser.parse_args()
     if args.print_json:
@@ -245,7 +247,7 @@ def main() -> None:
                 print(f"{name} {ftype}: weights {time.monotonic() - started:.0f} s", file=sys.stderr)
         if not args.no_logits:
             started = time.monotonic()
-            data["logits"][name] = measure_logits(hf, files, (rows, length))
+            data["logits"][name] = measure_logits(hf, files, (rows, length), args.checks)
             took["logits"] = time.monotonic() - started
             print(f"{name}: logits {took['logits']:.0f} s", file=sys.stderr)
         data["durations"][name] = dict(took)

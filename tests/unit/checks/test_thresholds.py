@@ -55,7 +55,7 @@ def test_marker_validation_names_marker():
 
 @pytest.mark.parametrize("label, cls", [
     ("F32", "f32"), ("F16", "f16"), ("BF16", "bf16"), ("Q8_0", "q8"), ("Q6_K", "q6"), ("Q5_K_M", "q5"),
-    ("Q4_K_M", "q4_k"), ("Q4_K_S", "q4_k"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("IQ4_XS", "q4_k"), ("IQ4_NL", "q4"),
+    ("Q4_K_M", "q4_k"), ("Q4_K_S", "q4_k"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("IQ4_XS", "q4"), ("IQ4_NL", "q4"),
     ("Q3_K_S", "q3"), ("Q2_K", "q2"), ("IQ1_M", "q1"),
     ("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"), ("int8", "q8"), ("int4", "q4"),
     ("GUESSED", "q2"), ("something-new", "q2"),
