@@ -202,8 +202,8 @@ def print_tables(data: dict) -> None:
             cells = []
             for name in LOGIT_CHECKS:
                 c = checks.get(name)
-                cells.append("" if c is None or c["value"] is None else
-                             f"{c['value']:.3g}{'*' if c['status'] == 'failed' else ''}")
+                value = c and (c["value"] if isinstance(c["value"], (int, float)) else _number(c["value"]))
+                cells.append("" if value is None else f"{value:.3g}{'*' if c['status'] == 'failed' else ''}")
             failed = [n for n, c in checks.items() if c["status"] in ("failed", "error")]
             print(f"| {ftype} | {entry['quant_class']} | " + " | ".join(cells) + f" | {', '.join(failed) or '-'} |")
     if data.get("durations"):
