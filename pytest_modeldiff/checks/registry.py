@@ -37,7 +37,16 @@ sequence, only 4 of them, so noisy). Defaults are ~2x the worst correct conversi
     Q3_K_S    1.94     1.17     35      0.475  0.50     5.0     1.70      0.27    9.5e-6   0.089     0.63
     (SmolLM2's weights are Q4_1 values: Q4_1 holds them exactly, Q5_1 and Q5_0 grids fit them worse than
     Q4_K does - Q5_1 with a gain of ~1.02 on every tensor - so its q5 files are worse than its q4_K_M;
-    its Q3_K_S file holds the same tensor types as Q2_K. Gemma-3-270M's numbers are in the README.)
+    its Q3_K_S file holds the same tensor types as Q2_K.)
+    Gemma-3-270M (benchmarks/calibrate_quant_types.py --models gemma, 2 x 256; layers not comparable
+    before the architecture table's Gemma capture points):
+    Q5_1      0.46     0.16     26      0.60   0.768    3.8     1.54      0.27    5.1e-7   0.10
+    IQ4_XS    1.24     0.32     44      0.559  0.615    7.0     3.63      0.43    1.2e-6   0.26
+    Q4_K_S    0.20     0.075    24      0.75   0.844    1.5     1.25      0.18    2.4e-7   0.065
+    Q3_K_M    1.41     0.48     39      0.533  0.50     7.4     4.84      0.47    1.5e-6   0.33
+    Gemma's PPL ratio and top-K accuracy drop are 2-3x SmolLM2's at the same KLD (a 262k vocabulary,
+    a flatter reference): ppl_ratio, rms_dp and topk_acc_drop of q4_k, q4, q3 and q2 are set from
+    Gemma (~1.3-1.7x its worst), the rest of those classes still from SmolLM2.
     bugs in an f16 file, the mildest two:
     layer x1.03 0.020  0.0050   8.1     0.85   0.936    0.20    1.01      0.036   1.8e-7   0.010     0.067
     rope base x5 0.15  0.034    14      0.775  0.75     1.4     1.11      0.11    6.5e-7   0.023     0.19
@@ -58,9 +67,9 @@ sequence, only 4 of them, so noisy). Defaults are ~2x the worst correct conversi
   One class for both would leave q4_K_M 10x of room. IQ4_XS is q4: on rows that are not a multiple
   of 256 most of an IQ4_XS file is IQ4_NL (KLD 0.59 on SmolLM2, 3x its q4_K_M).
 - q5 is looser than q4_k: measured, not interpolated. On a model whose weights went through a
-  4-bit grid (both real models here: SmolLM2 from Q4_1, Gemma-3-270M from Q4_K_M), Q5_1 and Q5_0
-  requantize them worse than Q4_K (SmolLM2 Q5_1 KLD 0.71, Q5_K_M 0.26, Q4_K_M 0.19); the q5
-  limits are ~1.7x SmolLM2's Q5_1. q3 keeps its limits (Q3_K_S, worst, KLD 1.94 under 3).
+  4-bit grid (SmolLM2 from Q4_1), Q5_1 and Q5_0 requantize them worse than Q4_K (SmolLM2 Q5_1
+  KLD 0.71, Q5_K_M 0.26, Q4_K_M 0.19); the q5
+  limits are ~1.7x SmolLM2's Q5_1 (Gemma's Q5_1: KLD 0.46, top-K drop 0.10, RMS dp 0.27).
 - A bug is caught by the check that names it whatever the quantization: metadata (rope base,
   norm eps), weights (each tensor judged by its own storage type's usual error, so a scaled or
   unpermuted tensor fails even under Q4 noise), tokens/vocab. tests/conversions/test_realmodel.py applies
@@ -170,7 +179,7 @@ CHECKS: dict[str, Check] = {
             "max_abs",
             "largest |cand - ref| logit difference at any position",
             LOWER,
-            _by_class(0.25, 0.5, 1.5, 12.0, 15.0, 35.0, 30.0, 70.0, 70.0, 70.0),
+            _by_class(0.25, 0.5, 1.5, 12.0, 15.0, 40.0, 35.0, 70.0, 70.0, 70.0),
         ),
         Check(
             "top10",
@@ -188,19 +197,19 @@ CHECKS: dict[str, Check] = {
             "kld_p99",
             "99th percentile of KL(ref || cand) over positions (llama-perplexity's 99.0% KLD), nats",
             LOWER,
-            _by_class(1e-3, 1e-3, 0.01, 0.25, 0.6, 5.0, 3.0, 9.0, 10.0, 10.0),
+            _by_class(1e-3, 1e-3, 0.01, 0.25, 0.6, 6.0, 3.0, 12.0, 12.0, 12.0),
         ),
         Check(
             "ppl_ratio",
             "PPL(cand) / PPL(ref) on the next tokens (llama-perplexity's Mean PPL(Q)/PPL(base))",
             LOWER,
-            _by_class(1.002, 1.002, 1.005, 1.03, 1.06, 1.8, 1.25, 2.0, 2.2, 2.5),
+            _by_class(1.002, 1.002, 1.005, 1.03, 1.06, 1.8, 1.6, 6.0, 8.0, 8.0),
         ),
         Check(
             "rms_dp",
             "RMS of dp = q(next) - p(next), the next token's probability change (llama-perplexity's RMS Δp)",
             LOWER,
-            _by_class(0.002, 0.002, 0.012, 0.07, 0.1, 0.3, 0.2, 0.45, 0.5, 0.55),
+            _by_class(0.002, 0.002, 0.012, 0.07, 0.1, 0.45, 0.25, 0.7, 0.75, 0.75),
         ),
         Check(
             "prob_mse",
@@ -212,7 +221,7 @@ CHECKS: dict[str, Check] = {
             "topk_acc_drop",
             "largest drop of top-K next-token accuracy, reference minus candidate, K = 1..topk-max",
             LOWER,
-            _by_class(0.01, 0.01, 0.015, 0.02, 0.025, 0.12, 0.05, 0.2, 0.2, 0.2),
+            _by_class(0.01, 0.01, 0.015, 0.02, 0.025, 0.2, 0.12, 0.45, 0.55, 0.55),
         ),
         Check(
             "layers",
