@@ -22,7 +22,7 @@ from ..formats.quant_types import quant_class
 from ..metrics import layers
 from ..runners.base import Runner
 from ..runners.detect import make_runner
-from ..weights.diff import compare_weights
+from ..weights.diff import ArchitectureNotMapped, compare_weights
 from . import evaldata
 from .progress import Pace
 from .records import TOPK_KEPT, Comparison, PositionStats, TokenDiff, WeightComparison
@@ -176,6 +176,8 @@ class ModelDiff:
             else:
                 try:
                     wc.diff = compare_weights(self.reference.path, cand.path, self.progress)
+                except ArchitectureNotMapped as exc:  # a skip that says why, not a verdict
+                    wc.skipped = str(exc)
                 except ModelDiffError as exc:
                     wc.error = str(exc)
             self._weights[key] = wc
@@ -301,6 +303,10 @@ class ModelDiff:
 
     def _layers_possible(self, cmp: Comparison, ref_store: "ReferenceStore") -> bool:
         """Both sides must give hidden states, else the layers check is skipped, saying why."""
+        unmapped = self.reference.layers_unmapped(cmp.candidate) or cmp.candidate.layers_unmapped(self.reference)
+        if unmapped:  # capture points not known to be equal: no verdict either way
+            cmp.layers_skipped = unmapped
+            return False
         for runner, states in ((self.reference, ref_store.has_hidden), (cmp.candidate, cmp.candidate.gives_hidden)):
             if not states:
                 cmp.layers_skipped = (f"{runner.path} runs in {runner.kind}, which gives no hidden states; "

@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 from gguf import Keys
 
+from .architectures import ARCHITECTURES, ROPE_QK, architecture
 from .fields import is_int
 
 
@@ -43,7 +44,19 @@ HPARAMS = [
     HParam("sliding_window", Keys.Attention.SLIDING_WINDOW, ("sliding_window",)),
     HParam("attn_softcap", Keys.LLM.ATTN_LOGIT_SOFTCAPPING, ("attn_logit_softcapping",), float),
     HParam("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, ("final_logit_softcapping",), float),
+    # architecture-specific keys (formats/architectures.py): present on one side only when it matters
+    HParam("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, ("rope_local_base_freq",), float),
+    HParam("rope_dims", Keys.Rope.DIMENSION_COUNT, ()),
+    HParam("expert_count", Keys.LLM.EXPERT_COUNT, ("num_experts", "num_local_experts")),
+    HParam("expert_used_count", Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",)),
+    HParam("n_ff_exp", Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",)),
+    HParam("expert_weights_norm", Keys.LLM.EXPERT_WEIGHTS_NORM, ("norm_topk_prob",), bool),
+    HParam("embedding_scale", Keys.LLM.EMBEDDING_SCALE, ("embedding_multiplier",), float),
+    HParam("residual_scale", Keys.LLM.RESIDUAL_SCALE, ("residual_multiplier",), float),
+    HParam("attn_scale", Keys.Attention.SCALE, ("attention_multiplier",), float),
+    HParam("logit_scale", Keys.LLM.LOGIT_SCALE, ("logits_scaling",), float),
 ]
+# canonical "swa_layers": one letter per layer, S = sliding-window attention, F = full attention
 
 # Float hyper-parameters are stored as float32 in GGUF: compare with this relative tolerance.
 FLOAT_RTOL = 1e-6
@@ -56,6 +69,8 @@ def _complete(values: dict[str, Any]) -> dict[str, Any]:
         n_head, n_embd = values["n_head"], values.get("n_embd")
         if is_int(n_head, 1) and is_int(n_embd, 1):
             values.setdefault("head_dim", n_embd // n_head)
+    if "head_dim" in values and "rope_dims" not in values:
+        values["rope_dims"] = values["head_dim"]  # llama.cpp's n_rot default; transformers rotates it all
     values.setdefault("rope_scaling_type", "none")
     if (values["rope_scaling_type"] in ("none", "default", "linear")
             and values.get("rope_scaling_factor") in (None, 1.0)):
@@ -96,7 +111,35 @@ def from_hf_config(config: Mapping[str, Any]) -> dict[str, Any]:
                 break
     if rope.get("type") and "rope_scaling_type" not in values:
         values["rope_scaling_type"] = str(rope["type"])
+    _hf_layer_attention(values, {**config, **text}, rope)
     return _complete(values)
+
+
+def _hf_layer_attention(values: dict[str, Any], config: Mapping[str, Any], rope: Mapping[str, Any]) -> None:
+    """What transformers 5 keeps per layer type (rope bases, sliding layers) and per-family
+    scalars, in the canonical keys; a window that is switched off is no window."""
+    full, sliding = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    if isinstance(full, Mapping) and full.get("rope_theta") is not None:
+        values["rope_freq_base"] = _coerce(full["rope_theta"], float)
+        if full.get("rope_type"):
+            values.setdefault("rope_scaling_type", str(full["rope_type"]))
+    if isinstance(sliding, Mapping) and sliding.get("rope_theta") is not None:
+        values["rope_freq_base_swa"] = _coerce(sliding["rope_theta"], float)
+    layer_types = config.get("layer_types")
+    if config.get("use_sliding_window") is False or (
+            isinstance(layer_types, list) and "sliding_attention" not in layer_types):
+        values.pop("sliding_window", None)
+        values.pop("rope_freq_base_swa", None)
+    elif values.get("sliding_window") and isinstance(layer_types, list):
+        values["swa_layers"] = "".join("S" if t == "sliding_attention" else "F" for t in layer_types)
+    factor = config.get("partial_rotary_factor", rope.get("partial_rotary_factor"))
+    head_dim, n_head, n_embd = values.get("head_dim"), values.get("n_head"), values.get("n_embd")
+    if head_dim is None and is_int(n_head, 1) and is_int(n_embd, 1):
+        head_dim = n_embd // n_head
+    if isinstance(factor, (int, float)) and is_int(head_dim, 1):
+        values["rope_dims"] = int(head_dim * factor)
+    if config.get("query_pre_attn_scalar"):  # Gemma 2/3: queries scaled by query_pre_attn_scalar^-0.5
+        values["attn_scale"] = float(config["query_pre_attn_scalar"]) ** -0.5
 
 
 def from_gguf_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) -> dict[str, Any]:
@@ -112,7 +155,39 @@ def from_gguf_metadata(metadata: Mapping[str, Any], tensor_names: set[str]) -> d
         values["n_vocab"] = len(tokens)
     if "rope_freqs.weight" in tensor_names and "rope_scaling_type" not in values:
         values["rope_scaling_type"] = "llama3"  # llama.cpp stores Llama-3.1 scaling as a tensor
+    _gguf_runtime_defaults(values, metadata, arch)
     return _complete(values)
+
+
+def _gguf_runtime_defaults(values: dict[str, Any], metadata: Mapping[str, Any], arch: str) -> None:
+    """The values llama.cpp uses for this architecture when the file does not set them
+    (formats/architectures.py), so a default the runtime imposes is compared like a stored one."""
+    entry = architecture(arch)
+    if entry is None:
+        return
+    values.setdefault("rope_freq_base", 10000.0)  # llama_model::load_hparams' default (Gemma2's converter writes none)
+    if not entry.swa_applied:  # the graph has no sliding window: neither its window nor its pattern apply
+        for key in ("sliding_window", "rope_freq_base_swa"):
+            values.pop(key, None)
+    elif values.get("sliding_window"):
+        pattern = metadata.get(Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=arch))
+        n_layer = values.get("n_layer")
+        if isinstance(pattern, (list, np.ndarray)):
+            values["swa_layers"] = "".join("S" if bool(x) else "F" for x in list(pattern))
+        elif is_int(n_layer, 1):
+            period = int(pattern) if isinstance(pattern, (int, np.integer)) else entry.swa_period
+            layers = [i % period < period - 1 for i in range(n_layer)] if period else None
+            if layers is not None:
+                values["swa_layers"] = "".join("S" if x else "F" for x in layers)
+        if entry.rope_base_swa_default is not None:
+            values.setdefault("rope_freq_base_swa", entry.rope_base_swa_default)
+        values.setdefault("rope_freq_base_swa", values.get("rope_freq_base"))
+    if entry.expert_weights_norm is not None:
+        values.setdefault("expert_weights_norm", entry.expert_weights_norm)
+    if entry.attn_scale_head_dim and "attn_scale" not in values:
+        head_dim = values.get("head_dim")
+        if is_int(head_dim, 1):
+            values["attn_scale"] = float(head_dim) ** -0.5
 
 
 def compare(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -133,9 +208,9 @@ def compare(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> list[tuple[str, 
 # --------------------------------------------------------------------------- tensor names
 # Architectures whose Q/K rows llama.cpp's converter permutes for its rope layout (LlamaModel.permute,
 # applied to q_proj/k_proj weights and biases): each head's [first half | second half] rows become
-# interleaved pairs. Other archs keep HF's row order.
-ROPE_PERMUTED_ARCHS = {"llama"}
-ROPE_PERMUTED = (".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias")
+# interleaved pairs. Other archs keep HF's row order. formats/architectures.py says which.
+ROPE_PERMUTED_ARCHS = {name for name, a in ARCHITECTURES.items() if a.rope_permuted}
+ROPE_PERMUTED = ROPE_QK
 
 # HF tensors the converter drops on purpose (ModelBase: buffers, not weights) and GGUF tensors it
 # computes from the config; a weight comparison reports them without failing.
@@ -163,7 +238,8 @@ def _tensor_name_map(arch: str, n_layers: int):
 
 def rope_head_dim(arch: str, gguf_name: str, n_rows: int, n_head: int, n_head_kv: int) -> int | None:
     """Rows per head of a tensor whose rows the converter permuted for rope (None: HF's order kept)."""
-    if arch not in ROPE_PERMUTED_ARCHS or not gguf_name.endswith(ROPE_PERMUTED):
+    entry = architecture(arch)
+    if entry is None or not entry.rope_permutes(gguf_name):
         return None
     return n_rows // (n_head if ".attn_q." in gguf_name else n_head_kv)
 
@@ -179,9 +255,13 @@ def rope_rows_to_gguf(rows, head_dim: int):
 
 
 def to_hf_layout(arch: str, gguf_name: str, weight, n_head: int, n_head_kv: int):
-    """Undo the converter's layout changes for one whole tensor (numpy, HF shape)."""
+    """Undo the converter's layout and value changes for one whole tensor (numpy, HF shape):
+    the rope permutation of Q/K, a norm stored as offset + w (formats/architectures.py)."""
     head_dim = rope_head_dim(arch, gguf_name, weight.shape[0], n_head, n_head_kv)
-    return weight if head_dim is None else rope_rows_to_hf(weight, head_dim)
+    weight = weight if head_dim is None else rope_rows_to_hf(weight, head_dim)
+    entry = architecture(arch)
+    offset = entry.undo_norm_offset(gguf_name) if entry else 0.0
+    return weight - np.float32(offset) if offset else weight
 
 
 def tensor_group(name: str) -> tuple[str, int | None]:

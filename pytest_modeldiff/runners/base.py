@@ -117,6 +117,11 @@ class Runner(ABC):
     def hparams(self) -> dict[str, Any] | None:
         return None
 
+    def layers_unmapped(self, other: "Runner") -> str | None:
+        """Why this runner's hidden states cannot be paired with ``other``'s (its architecture's
+        capture points are not known, formats/architectures.py), None when they can."""
+        return None
+
     def fixed_sequences(self) -> list[FixedSequence] | None:
         """Sequences a dump was recorded on; None for runners that can run any tokens."""
         return None

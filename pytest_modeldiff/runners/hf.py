@@ -65,6 +65,8 @@ class TorchCausalLM(Runner):
 
         def swap_input(index):
             def hook(module, args, kwargs):
+                if index == 0:  # "embd" is layer 0's own input, scaled as the model scales it (Gemma, Granite)
+                    outputs[-1] = (args[0] if args else kwargs["hidden_states"]).detach()
                 if index not in swaps:
                     return None
                 if args:
@@ -77,7 +79,7 @@ class TorchCausalLM(Runner):
                 outputs[index] = (out[0] if isinstance(out, tuple) else out).detach()
             return hook
 
-        handles = [self.model.get_input_embeddings().register_forward_hook(keep_output(-1), with_kwargs=True)]
+        handles = []
         try:
             for index, module in [*enumerate(blocks), (len(blocks), norm)]:
                 handles.append(module.register_forward_pre_hook(swap_input(index), with_kwargs=True))
@@ -87,8 +89,10 @@ class TorchCausalLM(Runner):
         finally:
             for handle in handles:
                 handle.remove()
-        # not output_hidden_states: its last entry is already normed and, being recorded at the
-        # layers' inputs, its first would show a swapped input instead of the model's own embedding
+        # not output_hidden_states: its last entry is already normed. The embedding state is taken at
+        # decoder layer 0's input, before any swap (formats/architectures.py: transformers scales
+        # Gemma's embedding inside the embedding module and Granite's after it; both runtimes' canonical
+        # "embd" is what layer 0 receives)
         states = torch.stack([outputs[i] for i in range(-1, len(blocks) + 1)]).float()
         return out.logits[0].float().cpu().numpy(), states
 

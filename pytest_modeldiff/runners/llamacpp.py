@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ModelDiffError
+from ..formats.architectures import architecture, not_mapped
 from ..formats.gguf_file import open_gguf
 from ..formats.vocab import VocabInfo
 from .base import Forward, Runner
@@ -25,13 +26,22 @@ from .base import Forward, Runner
 class LlamaCppRunner(Runner):
     kind = "llamacpp"
     dump_prefix = "llamacpp"
-    gives_hidden = True
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
         super().__init__(path, device, threads)
         self.gguf = open_gguf(self.path)
+        self.arch = str(self.gguf.metadata.get("general.architecture", ""))
         self.llm = None
         self._capture: _StateCapture | None = None
+
+    @property
+    def gives_hidden(self) -> bool:
+        """Only where formats/architectures.py knows which graph tensors are the canonical states
+        (a reference of another architecture is then not captured for nothing)."""
+        return architecture(self.arch) is not None
+
+    def layers_unmapped(self, other) -> str | None:
+        return None if architecture(self.arch) is not None else not_mapped(self.arch, "layers")
 
     def load_tokenizer(self) -> None:
         pass  # tokenize() opens a vocabulary-only model on demand
@@ -79,7 +89,8 @@ class LlamaCppRunner(Runner):
             return Forward(self.logits(ids))
         self.check_ids(ids, self.llm.n_vocab())
         if self._capture is None:
-            self._capture = _StateCapture(self.llm)
+            entry = architecture(self.arch)
+            self._capture = _StateCapture(self.llm, entry.embd_tensor if entry else "embd")
         try:
             logits, states = self._capture.run(list(ids))
         except RuntimeError as exc:
@@ -223,12 +234,13 @@ def _log_line(log: str, pattern: str) -> str | None:
 
 class _StateCapture:
     """A second llama.cpp context on the same weights whose eval callback copies out the
-    canonical states (layers.py): "embd", "l_out-<i>", "result_norm". The callback asks only for
+    canonical states (layers.py): decoder layer 0's input (``embd_name``, per architecture:
+    "embd", Gemma's "inp_scaled"), "l_out-<i>", "result_norm". The callback asks only for
     those tensors (llama.cpp then keeps the rest of the graph fused), every position requests
     logits (otherwise the last layer runs on output rows only), and micro-batches are concatenated.
     llama-cpp-python binds neither ggml_get_name nor ggml_backend_tensor_get: declared here."""
 
-    def __init__(self, llm):
+    def __init__(self, llm, embd_name: str = "embd"):
         import ctypes
 
         from llama_cpp import _ggml
@@ -247,7 +259,7 @@ class _StateCapture:
         self.ggml = ggml
         self.n_layers = C.llama_model_n_layer(llm._model.model)
         self.n_vocab = llm.n_vocab()
-        self.wanted = {"embd": 0, **{f"l_out-{i}": i + 1 for i in range(self.n_layers)},
+        self.wanted = {embd_name: 0, **{f"l_out-{i}": i + 1 for i in range(self.n_layers)},
                        "result_norm": self.n_layers + 1}
         self.chunks: dict[int, list[np.ndarray]] = {}
         self.callback = C.ggml_backend_sched_eval_callback(self._on_tensor)  # kept alive with self

@@ -21,10 +21,11 @@ from typing import Callable
 import numpy as np
 from gguf import Keys
 
-from ..formats import mapping
+from ..errors import ModelDiffError
+from ..formats import architectures, mapping
 from ..formats.quant_types import TENSOR_TYPE_ERROR, weight_limits
 from ..metrics import weights as wm
-from .files import WeightReader, open_weights
+from .files import TensorMeta, WeightReader, open_weights
 
 UNCHANGED, MODIFIED, ADDED, REMOVED, SHAPE_CHANGED = "unchanged", "modified", "added", "removed", "shape-changed"
 WORST_TENSORS = 10  # tensors named in the summary, a failure and the report's "worst" list
@@ -121,45 +122,131 @@ class WeightDiff:
 
 
 # --------------------------------------------------------------------------- pairing names
+class ArchitectureNotMapped(ModelDiffError):
+    """The GGUF's architecture is not in formats/architectures.py: its tensors cannot be paired
+    with HF's without guessing the converter's transforms (the weights check skips, saying so)."""
+
+
 @dataclass
 class _Side:
-    """One file's tensor as the comparison reads it: in HF's row order, alias resolved."""
+    """One file's tensor as the comparison reads it: in HF's row order and values, alias resolved.
+    A GGUF tensor paired with an HF one has the converter's transforms undone: rope-permuted rows
+    (``head_dim``), a norm stored as offset + w (``offset``); an HF tensor the converter cut keeps
+    its first ``rows`` rows."""
 
     reader: WeightReader
     name: str
     head_dim: int | None = None  # rope-permuted rows to undo (a GGUF tensor paired with an HF one)
+    offset: float = 0.0  # subtracted from the stored values (the converter added it)
+    rows: int | None = None  # only the first rows compare (the converter dropped the rest)
 
     @property
-    def meta(self):
-        return self.reader.meta(self.name)
+    def meta(self) -> TensorMeta:
+        meta = self.reader.meta(self.name)
+        if self.rows is None:
+            return meta
+        return TensorMeta(meta.name, (min(self.rows, meta.shape[0]), *meta.shape[1:]), meta.type_name)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         rows = self.reader.read(self.name, start, stop)
-        return mapping.rope_rows_to_hf(rows, self.head_dim) if self.head_dim else rows
+        if self.head_dim:
+            rows = mapping.rope_rows_to_hf(rows, self.head_dim)
+        return rows - np.float32(self.offset) if self.offset else rows
+
+
+@dataclass
+class _ExpertSide:
+    """HF's per-expert tensors as the one 3-D tensor the converter stacks them into (expert
+    order on the first axis), or one half of a fused (E, 2 n_ff, n_embd) gate_up tensor."""
+
+    reader: WeightReader
+    name: str  # the merged HF name the tensor map knows
+    parts: list[str]  # per-expert tensor names in expert order, or [the fused tensor]
+    half: int | None = None  # fused gate_up: 0 = gate (first half of axis 1), 1 = up
+    head_dim = None
+    offset = 0.0
+
+    @property
+    def meta(self) -> TensorMeta:
+        first = self.reader.meta(self.parts[0])
+        if self.half is None:
+            return TensorMeta(self.name, (len(self.parts), *first.shape), first.type_name)
+        return TensorMeta(self.name, (first.shape[0], first.shape[1] // 2, *first.shape[2:]), first.type_name)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self.half is None:
+            return np.stack([self.reader.read(name) for name in self.parts[start:stop]])
+        rows = self.reader.read(self.parts[0], start, stop)
+        n = rows.shape[1] // 2
+        return rows[:, :n] if self.half == 0 else rows[:, n:]
+
+
+def _merge_experts(names: list[str]) -> tuple[list[str], dict[str, tuple[list[str], int | None]]]:
+    """HF names with each expert group replaced by its merged name, and merged name -> (parts, half)."""
+    groups: dict[str, dict[int, str]] = {}
+    merged: dict[str, tuple[list[str], int | None]] = {}
+    out = []
+    for name in names:
+        parts = architectures.expert_parts(name)
+        fused = architectures.fused_gate_up(name)
+        if parts is not None:
+            if parts[0] not in groups:
+                groups[parts[0]] = {}
+                out.append(parts[0])
+            groups[parts[0]][parts[1]] = name
+        elif fused is not None:
+            for half, merged_name in enumerate(fused):
+                merged[merged_name] = ([name], half)
+                out.append(merged_name)
+        else:
+            out.append(name)
+    for merged_name, by_index in groups.items():
+        if sorted(by_index) == list(range(len(by_index))):
+            merged[merged_name] = ([by_index[i] for i in range(len(by_index))], None)
+        else:  # a gap in the expert numbers: compare them one by one (and report them unpaired)
+            out.remove(merged_name)
+            out.extend(by_index.values())
+    return out, merged
 
 
 def pair_tensors(ref: WeightReader,
-                 cand: WeightReader) -> tuple[str, list[tuple[str, _Side | None, _Side | None, str]]]:
+                 cand: WeightReader) -> tuple[str, list[tuple[str, _Side | _ExpertSide | None,
+                                                             _Side | _ExpertSide | None, str]]]:
     """(how names were paired, [(name, reference side, candidate side, note)]) in the reference's
-    order, then the candidate's own tensors."""
+    order, then the candidate's own tensors. A GGUF paired with an HF checkpoint needs its
+    architecture in formats/architectures.py (else ArchitectureNotMapped)."""
     naming = "names as stored"
     key_of = {"ref": {n: (n, "") for n in [*ref.tensors, *ref.aliases]},
               "cand": {n: (n, "") for n in [*cand.tensors, *cand.aliases]}}
-    gguf_side = None
+    gguf_side, entry, merged = None, None, {}
     if ref.naming != cand.naming:
         gguf_side, hf_role = (cand, "ref") if cand.naming == "gguf" else (ref, "cand")
         arch = gguf_side.config.get(Keys.General.ARCHITECTURE, "")
+        entry = architectures.architecture(arch)
+        if entry is None:
+            raise ArchitectureNotMapped(architectures.not_mapped(arch, "weights"))
         n_layers = int(gguf_side.config.get(Keys.LLM.BLOCK_COUNT.format(arch=arch), 0))
         naming = f"HF names mapped to GGUF names by gguf-py's tensor map (arch {arch})"
-        for name in list(key_of[hf_role]):
+        names, merged = _merge_experts(list(key_of[hf_role]))
+        key_of[hf_role] = {}
+        for name in names:
             mapped = mapping.gguf_tensor_name(arch, n_layers, name)
+            if mapped and name in merged and not mapped.endswith((".weight", ".bias")):
+                mapped += ".weight"
             key_of[hf_role][name] = (mapped, "") if mapped else (name, f"gguf-py has no GGUF name for it (arch {arch})")
 
-    def side(reader: WeightReader, name: str) -> _Side:
-        if reader is not gguf_side:
-            return _Side(reader, name)
-        arch, n_head, n_head_kv = _gguf_heads(reader)
-        return _Side(reader, name, mapping.rope_head_dim(arch, name, reader.meta(name).shape[0], n_head, n_head_kv))
+    def side(reader: WeightReader, name: str, other: str | None):
+        if reader is gguf_side:
+            arch, n_head, n_head_kv = _gguf_heads(reader)
+            head_dim = mapping.rope_head_dim(arch, name, reader.meta(name).shape[0], n_head, n_head_kv)
+            return _Side(reader, name, head_dim, entry.undo_norm_offset(name))
+        if name in merged:
+            parts, half = merged[name]
+            return _ExpertSide(reader, name, parts, half)
+        if (gguf_side is not None and entry.vocab_truncated and other == "token_embd.weight"
+                and other in gguf_side.tensors):
+            return _Side(reader, name, rows=gguf_side.tensors[other].shape[0])
+        return _Side(reader, name)
 
     def index(role: str, reader: WeightReader) -> dict[str, tuple[str, bool, str]]:
         out = {}
@@ -179,7 +266,18 @@ def pair_tensors(ref: WeightReader,
             notes.append(f"the candidate ties it to {cand.aliases[c[0]]}")
         if c_real and r is not None and r[1]:
             notes.append(f"the reference ties it to {ref.aliases[r[0]]}")
-        pairs.append((key, side(ref, r[0]) if r else None, side(cand, c[0]) if c else None, "; ".join(notes)))
+        r_side = side(ref, r[0], c and c[0]) if r else None
+        c_side = side(cand, c[0], r and r[0]) if c else None
+        for s, other in ((r_side, c_side), (c_side, r_side)):
+            if isinstance(s, _Side) and s.rows is not None and other is not None and s.rows < s.reader.meta(
+                    s.name).shape[0]:
+                notes.append(f"rows beyond the tokenizer's {s.rows} cut by the converter ({entry.name})")
+            if isinstance(s, _ExpertSide):
+                notes.append(f"{len(s.parts)} per-expert tensors stacked as the converter does" if s.half is None
+                             else f"{'gate' if s.half == 0 else 'up'} half of the fused {s.parts[0]}")
+            if getattr(s, "offset", 0.0):
+                notes.append(f"stored as {s.offset:g} + w ({entry.name}): {s.offset:g} subtracted")
+        pairs.append((key, r_side, c_side, "; ".join(notes)))
     return naming, pairs
 
 
@@ -306,7 +404,7 @@ def _likely_cause(t: TensorDiff, stats: _Stats, r: _Side, c: _Side, limits) -> s
         g = mt["gain"]
         return "negated (sign flipped)" if g < 0 else f"scaled by {g:.4g}"
     if mt["residual_after_offset"] <= tolerance:
-        return f"offset by {mt['mean_diff']:+.4g} (e.g. a norm stored as 1 + w, Gemma's convention)"
+        return _offset_cause(mt["mean_diff"], r, c)
     if stats.row_sq is not None:
         rows_r, rows_c, rows_d = stats.row_sq
         cols_r, cols_c = stats.col_sq
@@ -337,6 +435,19 @@ def _likely_cause(t: TensorDiff, stats: _Stats, r: _Side, c: _Side, limits) -> s
             else f"changed, while {t.cand_type} stores {t.ref_type} exactly: different or corrupted data")
 
 
+def _offset_cause(shift: float, r, c) -> str:
+    """A constant shift, read against the architecture's norm convention (architectures.py)."""
+    offset = next((s.offset for s in (c, r) if s.offset), 0.0)
+    text = f"offset by {shift:+.4g}"
+    if offset and abs(abs(shift) - offset) <= 1e-3 * offset:
+        gguf = next(s for s in (c, r) if s.offset)
+        missing = (shift < 0) == (gguf is c)  # the GGUF's values, with the converter's offset taken off, are low
+        return (f"{text}: the norm is stored as w, without the converter's +{offset:g} (this architecture stores "
+                f"{offset:g} + w and llama.cpp uses it as stored)" if missing
+                else f"{text}: the converter's +{offset:g} was applied twice")
+    return f"{text} (e.g. a norm stored as 1 + w, Gemma's convention)" if abs(abs(shift) - 1.0) <= 1e-3 else text
+
+
 def _resembles(rel: float, usual: float) -> str:
     """A coarser storage type whose usual error is within 1.5x of ``rel``, if any."""
     for type_name, error in sorted(TENSOR_TYPE_ERROR.items(), key=lambda item: item[1]):
@@ -350,15 +461,21 @@ def _rope_order(t: TensorDiff, r: _Side, c: _Side, tolerance: float) -> str:
     gguf = next((side.reader for side in (c, r) if side.reader.naming == "gguf"), None)
     if gguf is None or not t.name.endswith(mapping.ROPE_PERMUTED):
         return ""
-    _, n_head, n_head_kv = _gguf_heads(gguf)
+    arch, n_head, n_head_kv = _gguf_heads(gguf)
     n = n_head if ".attn_q." in t.name else n_head_kv
     head_dim = t.ref_shape[0] // n if n else 0
     if head_dim < 2 or head_dim % 2 or head_dim * n != t.ref_shape[0]:
         return ""
     a, b = r.read(0, r.meta.shape[0]), c.read(0, c.meta.shape[0])
-    for fix, text in ((mapping.rope_rows_to_gguf, "Q/K rows not permuted for rope (llama.cpp's LlamaModel.permute "
-                                                  "was not applied)"),
-                      (mapping.rope_rows_to_hf, "Q/K rows permuted for rope twice")):
+    if mapping.rope_head_dim(arch, t.name, t.ref_shape[0], n_head, n_head_kv) is None:  # kept in HF's order
+        fixes = ((mapping.rope_rows_to_hf, f"Q/K rows permuted for rope (LlamaModel.permute) in {arch}, whose "
+                                           "converter keeps HF's row order"),
+                 (mapping.rope_rows_to_gguf, "Q/K rows in the other rope order"))
+    else:
+        fixes = ((mapping.rope_rows_to_gguf, "Q/K rows not permuted for rope (llama.cpp's LlamaModel.permute "
+                                             "was not applied)"),
+                 (mapping.rope_rows_to_hf, "Q/K rows permuted for rope twice"))
+    for fix, text in fixes:
         if wm.relative_change(wm.moments(a, fix(b, head_dim))) <= tolerance:
             return text
     return ""
