@@ -26,6 +26,33 @@ sequence, only 4 of them, so noisy). Defaults are ~2x the worst correct conversi
     q4_K_M    0.19     0.056    13      0.795  0.812    1.6     1.11      0.11    7.3e-7   0.024     0.23
     q4_0      1.35     0.78     34      0.525  0.601    4.6     1.49      0.25    4.5e-6   0.093     0.52
     q2_K      1.94     1.17     35      0.475  0.500    5.0     1.70      0.27    9.5e-6   0.093     0.63
+    every other no-imatrix file type (benchmarks/calibrate_quant_types.py --models smollm2, 4 x 256):
+    Q5_K_M    0.26     0.10     14      0.765  0.75     2.1     1.27      0.13    1.4e-6   0.047     0.26
+    Q5_K_S    0.30     0.13     18      0.757  0.75     2.1     1.26      0.13    2.1e-6   0.042     0.28
+    Q5_1      0.71     0.084    20      0.712  0.724    3.0     1.41      0.16    4.0e-6   0.067     0.33
+    Q5_0      0.25     0.070    18      0.766  0.78     1.9     1.16      0.13    1.0e-6   0.027     0.28
+    Q4_K_S    0.21     0.069    16      0.785  0.807    1.9     1.17      0.12    9.0e-7   0.035     0.25
+    Q4_1      0.0076   0.0020   3.7     0.925  0.962    0.066   1.00      0.025   5.1e-8   0.001     0.045
+    IQ4_NL    0.59     0.27     22      0.663  0.665    4.1     1.45      0.21    2.2e-6   0.078     0.41
+    IQ4_XS    0.59     0.29     20      0.65   0.662    4.1     1.47      0.21    2.2e-6   0.074     0.41
+    Q3_K_L    1.17     0.16     26      0.675  0.50     3.3     1.46      0.17    6.5e-6   0.065     0.36
+    Q3_K_M    0.80     0.091    24      0.71   0.733    3.4     1.38      0.17    5.7e-6   0.042     0.34
+    Q3_K_S    1.94     1.17     35      0.475  0.50     5.0     1.70      0.27    9.5e-6   0.089     0.63
+    (SmolLM2's weights are Q4_1 values: Q4_1 holds them exactly, Q5_1 and Q5_0 grids fit them worse than
+    Q4_K does - Q5_1 with a gain of ~1.02 on every tensor - so its q5 files are worse than its q4_K_M;
+    its Q3_K_S file holds the same tensor types as Q2_K.)
+    Gemma-3-270M (benchmarks/calibrate_quant_types.py --models gemma, 2 x 256; layers not comparable
+    before the architecture table's Gemma capture points):
+    Q5_1      0.46     0.16     26      0.60   0.768    3.8     1.54      0.27    5.1e-7   0.10
+    IQ4_XS    1.24     0.32     44      0.559  0.615    7.0     3.63      0.43    1.2e-6   0.26
+    Q4_K_S    0.20     0.075    24      0.75   0.844    1.5     1.25      0.18    2.4e-7   0.065
+    Q3_K_M    1.41     0.48     39      0.533  0.50     7.4     4.84      0.47    1.5e-6   0.33
+    Gemma tier (4 x 256, README scoreboard): q8_0 same top 0.957 (last positions 0.75: 3 of 4), q4_0 PPL
+    ratio 3.97, top-K drop 0.24, same top (last) 0.25, q2_K PPL ratio 8.7, KLD p99 12.4, NMSE (last) 2.0,
+    top-K drop 0.30: same_top of q8/q4/q3/q2, kld_p99/ppl_ratio/nmse of q2 set from these.
+    Gemma's PPL ratio and top-K accuracy drop are 2-3x SmolLM2's at the same KLD (a 262k vocabulary,
+    a flatter reference): ppl_ratio, rms_dp and topk_acc_drop of q4_k, q4, q3 and q2 are set from
+    Gemma (~1.3-1.7x its worst), the rest of those classes still from SmolLM2.
     bugs in an f16 file, the mildest two:
     layer x1.03 0.020  0.0050   8.1     0.85   0.936    0.20    1.01      0.036   1.8e-7   0.010     0.067
     rope base x5 0.15  0.034    14      0.775  0.75     1.4     1.11      0.11    6.5e-7   0.023     0.19
@@ -41,10 +68,14 @@ sequence, only 4 of them, so noisy). Defaults are ~2x the worst correct conversi
   large models they are loose: tighten them per project (markers, --modeldiff-threshold, the
   modeldiff_thresholds ini option) or gate on a saved baseline (--modeldiff-baseline).
 - 4-bit is two classes: K-quants (Q4_K_S/M, IQ4_XS: q4_k) and the legacy block types (Q4_0, Q4_1,
-  IQ4_NL, MXFP4, HF int4/nf4: q4). llama.cpp measures q4_0 at 2.3x q4_K_M's KLD; SmolLM2's
+  IQ4_NL, IQ4_XS, MXFP4, HF int4/nf4: q4). llama.cpp measures q4_0 at 2.3x q4_K_M's KLD; SmolLM2's
   q4_0 is 7x (its weights are Q4_1 values, which Q4_0's symmetric grid fits badly), nearly q2_K.
-  One class for both would leave q4_K_M 10x of room. q5 and q3 are not measured: their limits
-  sit between their neighbours, as llama.cpp's figures do.
+  One class for both would leave q4_K_M 10x of room. IQ4_XS is q4: on rows that are not a multiple
+  of 256 most of an IQ4_XS file is IQ4_NL (KLD 0.59 on SmolLM2, 3x its q4_K_M).
+- q5 is looser than q4_k: measured, not interpolated. On a model whose weights went through a
+  4-bit grid (SmolLM2 from Q4_1), Q5_1 and Q5_0 requantize them worse than Q4_K (SmolLM2 Q5_1
+  KLD 0.71, Q5_K_M 0.26, Q4_K_M 0.19); the q5
+  limits are ~1.7x SmolLM2's Q5_1 (Gemma's Q5_1: KLD 0.46, top-K drop 0.10, RMS dp 0.27).
 - A bug is caught by the check that names it whatever the quantization: metadata (rope base,
   norm eps), weights (each tensor judged by its own storage type's usual error, so a scaled or
   unpermuted tensor fails even under Q4 noise), tokens/vocab. tests/conversions/test_realmodel.py applies
@@ -158,67 +189,67 @@ CHECKS: dict[str, Check] = {
             "kld",
             "mean KL(ref || cand) per position, nats",
             LOWER,
-            _by_class(1e-4, 1e-4, 2e-3, 0.04, 0.08, 0.18, 0.4, 2.5, 3.0, 4.0),
+            _by_class(1e-4, 1e-4, 2e-3, 0.04, 0.08, 1.2, 0.4, 2.5, 3.0, 4.0),
         ),
         Check(
             "nmse",
             "mse(cand - ref) / var(ref) over the logits (llama.cpp check-nmse.py)",
             LOWER,
-            _by_class(1e-4, 1e-4, 5e-4, 0.03, 0.04, 0.07, 0.15, 1.5, 2.0, 2.5),
+            _by_class(1e-4, 1e-4, 5e-4, 0.03, 0.04, 0.25, 0.15, 1.5, 2.0, 3.5),
         ),
         Check(
             "max_abs",
             "largest |cand - ref| logit difference at any position",
             LOWER,
-            _by_class(0.25, 0.5, 1.5, 12.0, 15.0, 20.0, 30.0, 70.0, 70.0, 70.0),
+            _by_class(0.25, 0.5, 1.5, 12.0, 15.0, 40.0, 35.0, 70.0, 70.0, 70.0),
         ),
         Check(
             "top10",
             "mean |top10(ref) & top10(cand)| / 10 (set overlap)",
             HIGHER,
-            _by_class(0.95, 0.95, 0.9, 0.8, 0.75, 0.65, 0.55, 0.35, 0.3, 0.25),
+            _by_class(0.95, 0.95, 0.9, 0.8, 0.75, 0.55, 0.55, 0.35, 0.3, 0.25),
         ),
         Check(
             "same_top",
             "fraction of positions where argmax(cand) == argmax(ref) (ordered top-1 agreement)",
             HIGHER,
-            _by_class(0.97, 0.97, 0.95, 0.85, 0.8, 0.7, 0.55, 0.4, 0.35, 0.3),
+            _by_class(0.97, 0.97, 0.95, 0.7, 0.8, 0.55, 0.55, 0.2, 0.2, 0.2),
         ),
         Check(
             "kld_p99",
             "99th percentile of KL(ref || cand) over positions (llama-perplexity's 99.0% KLD), nats",
             LOWER,
-            _by_class(1e-3, 1e-3, 0.01, 0.25, 0.6, 1.2, 3.0, 9.0, 10.0, 10.0),
+            _by_class(1e-3, 1e-3, 0.01, 0.25, 0.6, 6.0, 3.0, 12.0, 12.0, 18.0),
         ),
         Check(
             "ppl_ratio",
             "PPL(cand) / PPL(ref) on the next tokens (llama-perplexity's Mean PPL(Q)/PPL(base))",
             LOWER,
-            _by_class(1.002, 1.002, 1.005, 1.03, 1.06, 1.12, 1.25, 2.0, 2.2, 2.5),
+            _by_class(1.002, 1.002, 1.005, 1.03, 1.06, 1.8, 1.6, 6.0, 8.0, 13.0),
         ),
         Check(
             "rms_dp",
             "RMS of dp = q(next) - p(next), the next token's probability change (llama-perplexity's RMS Δp)",
             LOWER,
-            _by_class(0.002, 0.002, 0.012, 0.07, 0.1, 0.15, 0.2, 0.45, 0.5, 0.55),
+            _by_class(0.002, 0.002, 0.012, 0.07, 0.1, 0.45, 0.25, 0.7, 0.75, 0.75),
         ),
         Check(
             "prob_mse",
             "mean (softmax(cand) - softmax(ref))^2 over positions and vocabulary (exllamav2's MSE)",
             LOWER,
-            _by_class(2e-10, 2e-10, 1.2e-8, 1.5e-7, 4e-7, 8e-7, 1.5e-6, 1e-5, 1.5e-5, 2e-5),
+            _by_class(2e-10, 2e-10, 1.2e-8, 1.5e-7, 4e-7, 8e-6, 1.5e-6, 1e-5, 1.5e-5, 2e-5),
         ),
         Check(
             "topk_acc_drop",
             "largest drop of top-K next-token accuracy, reference minus candidate, K = 1..topk-max",
             LOWER,
-            _by_class(0.01, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.2, 0.2, 0.2),
+            _by_class(0.01, 0.01, 0.015, 0.02, 0.025, 0.2, 0.12, 0.45, 0.55, 0.55),
         ),
         Check(
             "layers",
             "per-layer rfn = ||h_cand - h_ref||_F / ||h_ref||_F, mean over sequences, at every layer",
             LOWER,
-            _by_class(0.01, 0.01, 0.02, 0.12, 0.2, 0.3, 0.45, 1.0, 1.1, 1.2),
+            _by_class(0.01, 0.01, 0.02, 0.12, 0.2, 0.6, 0.45, 1.0, 1.1, 1.2),
             key="rfn",
             per_layer=True,
         ),

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..formats.quant_types import WeightLimits
+from ..formats.quant_types import WeightLimits, usual_weight_gain
 from ..weights.diff import WORST_TENSORS
 from .registry import CHECKS
 from .results import ERROR, FAILED, PASSED, SKIPPED, CheckResult, Row, fmt
@@ -32,7 +32,8 @@ def check_weights(weights: WeightComparison, thresholds: dict[str, Threshold]) -
     judged = []  # (tensor, limits or None, passed)
     for t in diff.tensors:
         if t.metrics:
-            limits = WeightLimits.of(t.usual_rel, rel_t.value, cos_t.value, gain_t.value)
+            limits = WeightLimits.of(t.usual_rel, rel_t.value, cos_t.value, gain_t.value,
+                                     usual_gain=usual_weight_gain(t.ref_type, t.cand_type) if t.usual_rel else 0.0)
             judged.append((t, limits, limits.passes(t.metrics)))
         else:
             judged.append((t, None, t.expected))

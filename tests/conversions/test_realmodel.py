@@ -45,9 +45,7 @@ def test_bug_under_q4_k_m_noise_fails_the_check_that_names_it(run, bug):
     assert BUGS[bug][0] in failed, f"{bug} in q4_k_m: failed {failed}"
 
 
-# Extremes over ~1,000 positions: one position decides them, and another CPU's rounding (another
-# build of llama.cpp, other SIMD paths) moves them by more than the means (seen: KLD max +25 %).
-TAIL_COLUMNS = {"KLD p99", "KLD max", r"max \|diff\|"}
+TAIL_COLUMNS = scoreboard.TAIL_COLUMNS
 
 
 def test_readme_scoreboard_is_this_run(run):

@@ -3,7 +3,7 @@ import re
 from pathlib import Path
 
 from pytest_modeldiff.checks.registry import CHECKS, HIGHER, LOWER
-from pytest_modeldiff.formats.quant_types import QUANT_CLASSES, TENSOR_TYPE_ERROR
+from pytest_modeldiff.formats.quant_types import QUANT_CLASSES, TENSOR_TYPE_ERROR, TENSOR_TYPE_GAIN, weight_limits
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 CLASSES = [c for c in QUANT_CLASSES if c != "q1"]  # q1 takes q2's limits
@@ -74,6 +74,16 @@ def test_weight_type_table_matches_registry():
     assert types == [t for t in TENSOR_TYPE_ERROR if t != "F64"]
     cells = [c.strip() for c in re.split(r"(?<!\\)\|", values)[2:-1]]
     assert [float(c) for c in cells] == [TENSOR_TYPE_ERROR[t] for t in types]
+
+
+def test_weight_gain_table_matches_registry():
+    table = README.split("<!-- weight-gains")[1].split("<!-- end weight-gains -->")[0]
+    head, _, measured, limit = [line for line in table.splitlines() if line.startswith("| ")]
+    types = [c.strip() for c in head.split("|")[2:-1]]
+    assert types == [t for t in TENSOR_TYPE_ERROR if t in TENSOR_TYPE_GAIN]
+    assert [float(c) for c in re.split(r"(?<!\\)\|", measured)[2:-1]] == [TENSOR_TYPE_GAIN[t] for t in types]
+    limits = [float(f"{weight_limits('F32', t).gain:.3g}") for t in types]
+    assert [float(c) for c in re.split(r"(?<!\\)\|", limit)[2:-1]] == limits
 
 
 def run_example(pytester, demo_ref, demo_cand, marker: str, module: str, extra: str = ""):

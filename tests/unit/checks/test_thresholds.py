@@ -5,8 +5,10 @@ from pytest_modeldiff.checks.registry import BY_THRESHOLD_KEY, CHECKS, THRESHOLD
 from pytest_modeldiff.checks.thresholds import Thresholds, parse_assignments, validate
 from pytest_modeldiff.errors import ModelDiffUsageError
 from pytest_modeldiff.formats.quant_types import (
+    GAIN_MARGIN,
     QUANT_CLASSES,
     TENSOR_TYPE_ERROR,
+    TENSOR_TYPE_GAIN,
     quant_class,
     usual_weight_error,
     weight_limits,
@@ -53,7 +55,7 @@ def test_marker_validation_names_marker():
 
 @pytest.mark.parametrize("label, cls", [
     ("F32", "f32"), ("F16", "f16"), ("BF16", "bf16"), ("Q8_0", "q8"), ("Q6_K", "q6"), ("Q5_K_M", "q5"),
-    ("Q4_K_M", "q4_k"), ("Q4_K_S", "q4_k"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("IQ4_XS", "q4_k"), ("IQ4_NL", "q4"),
+    ("Q4_K_M", "q4_k"), ("Q4_K_S", "q4_k"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("IQ4_XS", "q4"), ("IQ4_NL", "q4"),
     ("Q3_K_S", "q3"), ("Q2_K", "q2"), ("IQ1_M", "q1"),
     ("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"), ("int8", "q8"), ("int4", "q4"),
     ("GUESSED", "q2"), ("something-new", "q2"),
@@ -87,7 +89,13 @@ def test_usual_weight_error_by_storage_type():
     assert usual_weight_error("F32", "IQ3_S") == TENSOR_TYPE_ERROR["Q3_K"]  # not measured: its class's largest
     limits = weight_limits("F32", "Q4_K")
     assert (limits.rel == 2 * TENSOR_TYPE_ERROR["Q4_K"]
-            and limits.gain == pytest.approx(0.15 * TENSOR_TYPE_ERROR["Q4_K"]))
+            and limits.gain == pytest.approx(GAIN_MARGIN * TENSOR_TYPE_GAIN["Q4_K"]))
+    # a biased type has its own measured gain (Q5_1's ~1.02 on correct files), not a share of its error
+    assert weight_limits("F32", "Q5_1").passes({"rel": 0.053, "cos": 0.9988, "gain": 1.0195})
+    assert not weight_limits("F32", "Q4_K").passes({"rel": 0.04, "cos": 0.9992, "gain": 1.02})  # scaled x1.02
+    assert weight_limits("F32", "IQ3_S").gain == pytest.approx(0.15 * TENSOR_TYPE_ERROR["Q3_K"])  # no gain measured
+    assert weight_limits("F32", "Q8_0").gain == pytest.approx(GAIN_MARGIN * TENSOR_TYPE_GAIN["Q8_0"])
+    assert weight_limits("F32", "F16").gain == 1e-3  # floor
     assert limits.cos == pytest.approx(1 / (1 + limits.rel ** 2) ** 0.5)
     assert weight_limits("F32", "F32").rel == 1e-6
 
