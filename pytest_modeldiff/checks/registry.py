@@ -272,8 +272,7 @@ CHECKS: dict[str, Check] = {
 # positions; the last position of each sequence), next-token metrics over the positions that have
 # one. The limit of a class is QUALITY_MARGIN x the worst model and text measured (for ppl_ratio
 # 1 + QUALITY_MARGIN x (ratio - 1), for same_top 1 - QUALITY_MARGIN x (1 - fraction)), rounded
-# outward to two digits, never looser than the broken gate. Classes without a measurement (q5,
-# q3) take the geometric mean of their neighbours' limits; q1 takes q2's. Float classes (f32, f16,
+# outward to two digits, never looser than the broken gate. q1 (not measured) takes q2's. Float classes (f32, f16,
 # bf16) lose nothing but rounding noise, so they keep the broken gate's limits (~2x that noise).
 QUALITY_MARGIN = 1.25
 QUALITY_CHECKS = ("kld", "kld_p99", "ppl_ratio", "rms_dp", "same_top", "topk_acc_drop")
@@ -303,10 +302,24 @@ QUALITY_MEASURED: dict[str, dict[str, dict[str, float]]] = {
                    topk_acc_drop=0),
         "q4_k": dict(kld=0.103, kld_p99=0.187, ppl_ratio=0.95853, rms_dp=0.00011, same_top=0.6379, topk_acc_drop=0),
     },
-    # >>> Gemma-3-270M (the calib helper's realmodel tier): add its rows here, measured the same way,
-    # >>> e.g. "gemma-3-270m, built-in prompts": {"q8": dict(kld=..., ...), ...}; the limits follow.
+    # every other no-imatrix file type, the worst of each class (benchmarks/calibrate_quant_types.py
+    # --models smollm2, 4 x 256 tokens of the public-domain text; the table in the docstring above):
+    # q5 of Q5_K_M/Q5_K_S/Q5_1/Q5_0, q4_k Q4_K_S, q4 of Q4_1/IQ4_NL/IQ4_XS, q3 of Q3_K_L/Q3_K_M/Q3_K_S
+    "smollm2-135m, other file types": {
+        "q5": dict(kld=0.71, kld_p99=3.0, ppl_ratio=1.41, rms_dp=0.16, same_top=0.724, topk_acc_drop=0.067),
+        "q4_k": dict(kld=0.21, kld_p99=1.9, ppl_ratio=1.17, rms_dp=0.12, same_top=0.785, topk_acc_drop=0.035),
+        "q4": dict(kld=0.59, kld_p99=4.1, ppl_ratio=1.47, rms_dp=0.21, same_top=0.65, topk_acc_drop=0.078),
+        "q3": dict(kld=1.94, kld_p99=5.0, ppl_ratio=1.70, rms_dp=0.27, same_top=0.475, topk_acc_drop=0.089),
+    },
+    # Gemma-3-270M (fixtures/gemma.py's f32 GGUF quantized; --models gemma, 2 x 256 tokens): Q5_1 (q5),
+    # Q4_K_S (q4_k), IQ4_XS (q4), Q3_K_M (q3). Its Q8_0/Q4_K_M/Q4_0/Q2_K scoreboard rows are not in here yet.
+    "gemma-3-270m, other file types": {
+        "q5": dict(kld=0.46, kld_p99=3.8, ppl_ratio=1.54, rms_dp=0.27, same_top=0.6, topk_acc_drop=0.10),
+        "q4_k": dict(kld=0.20, kld_p99=1.5, ppl_ratio=1.25, rms_dp=0.18, same_top=0.75, topk_acc_drop=0.065),
+        "q4": dict(kld=1.24, kld_p99=7.0, ppl_ratio=3.63, rms_dp=0.43, same_top=0.559, topk_acc_drop=0.26),
+        "q3": dict(kld=1.41, kld_p99=7.4, ppl_ratio=4.84, rms_dp=0.47, same_top=0.50, topk_acc_drop=0.33),
+    },
 }
-QUALITY_INTERPOLATED = {"q5": ("q6", "q4_k"), "q3": ("q4", "q2")}
 
 
 def _round_out(value: float, up: bool) -> float:
@@ -320,13 +333,6 @@ def _round_out(value: float, up: bool) -> float:
 def _quality_limit(metric: str, quant: str, direction: str, broken: float) -> float:
     if quant in ("f32", "f16", "bf16"):
         return broken
-    if quant in QUALITY_INTERPOLATED:
-        a, b = (_quality_limit(metric, q, direction, broken) for q in QUALITY_INTERPOLATED[quant])
-        if metric == "ppl_ratio":
-            return round(1 + float(f"{math.sqrt((a - 1) * (b - 1)):.2g}"), 6)
-        if direction == HIGHER:
-            return round(1 - float(f"{math.sqrt((1 - a) * (1 - b)):.2g}"), 6)
-        return float(f"{math.sqrt(a * b):.2g}")
     measured = [rows[quant][metric] for rows in QUALITY_MEASURED.values() if quant in rows]
     if direction == HIGHER:
         value = 1 - _round_out(QUALITY_MARGIN * (1 - min(measured)), up=True)
