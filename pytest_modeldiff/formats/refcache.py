@@ -12,7 +12,8 @@ fixed 16-nat window of log probabilities, clamping below it; a row's own range c
 so raw logits - max |diff|, NMSE - survive too). The error is uniform, at most scale / 2
 (~1.5e-4 for a 20-logit range): the KLD of a reference against its own cache is ~1e-8
 (tests/unit/formats/test_refcache.py measures it; README). Hidden states, when captured, are float16 (rfn
-floor ~2e-4).
+floor ~2e-4), each state divided by a power of two (``hidden_scale``) that keeps it inside float16's
+range: Gemma's residual stream exceeds 65504, which plain float16 turns into inf.
 
 Writes go to a temporary file renamed into place (atomic.py); a reader that finds a bad magic,
 header field, size or checksum raises ModelDiffError naming the file (and nothing else), and the
@@ -131,7 +132,9 @@ class ReferenceCache:
         s = self.sequences[i]
         if not s.get("hidden_shape"):
             return None
-        return self._array(s["hidden_offset"], np.float16, tuple(s["hidden_shape"])).astype(np.float32)
+        states = self._array(s["hidden_offset"], np.float16, tuple(s["hidden_shape"])).astype(np.float32)
+        scale = s.get("hidden_scale")
+        return states if scale is None else states * np.asarray(scale, np.float32).reshape(-1, *[1] * (states.ndim - 1))
 
 
 def _describe_magic(magic: bytes) -> str:
@@ -201,6 +204,10 @@ def _sequence_problem(s, n_vocab: int, data_bytes: int) -> str | None:
         if not isinstance(shape, list) or not all(is_int(d, 0) for d in shape):
             return f"hidden_shape {short(shape)}, expected a list of sizes"
         arrays.append(("hidden_offset", 2 * math.prod(shape)))
+        scale = s.get("hidden_scale")
+        if scale is not None and not (isinstance(scale, list) and len(scale) == (shape[0] if shape else 0) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in scale)):
+            return f"hidden_scale {short(scale)}, expected one positive number per state"
     for field, nbytes in arrays:
         offset = s.get(field)
         if not (is_int(offset, 0) and offset + nbytes <= data_bytes):
@@ -242,6 +249,7 @@ def _layout(sequences, logits_of, hidden_of) -> tuple[list[dict], int, int]:
         entry["logits_offset"], offset = offset, _aligned(offset + 2 * rows.size)
         if hidden is not None:
             entry["hidden_shape"] = list(hidden.shape)
+            entry["hidden_scale"] = hidden_scale(hidden).tolist()
             entry["hidden_offset"], offset = offset, _aligned(offset + 2 * hidden.size)
         seq_meta.append(entry)
         n_vocab = rows.shape[-1]
@@ -264,8 +272,21 @@ def _arrays(entry: dict, rows, hidden) -> list[tuple[int, np.ndarray]]:
     low, scale, codes = encode_rows(rows)
     parts = [(entry["range_offset"], np.stack([low, scale])), (entry["logits_offset"], codes)]
     if hidden is not None:
-        parts.append((entry["hidden_offset"], np.asarray(hidden).astype(np.float16)))
+        scale = np.asarray(entry["hidden_scale"], np.float32).reshape(-1, *[1] * (np.ndim(hidden) - 1))
+        parts.append((entry["hidden_offset"], (np.asarray(hidden, np.float32) / scale).astype(np.float16)))
     return parts
+
+
+FLOAT16_ROOM = 32768.0  # largest magnitude a state is scaled down to (float16's maximum is 65504)
+
+
+def hidden_scale(hidden) -> np.ndarray:
+    """Per state the power of two that brings its largest magnitude within FLOAT16_ROOM (1 when it
+    fits): a power of two keeps float16's relative precision, so the rfn floor does not change."""
+    hidden = np.asarray(hidden, np.float32)
+    peak = np.abs(hidden.reshape(len(hidden), -1)).max(axis=1) if hidden.size else np.zeros(len(hidden))
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    return np.exp2(np.maximum(0.0, np.ceil(np.log2(np.maximum(peak, 1e-30) / FLOAT16_ROOM))))
 
 
 def encode_rows(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

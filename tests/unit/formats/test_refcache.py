@@ -59,6 +59,25 @@ def test_round_trip_keeps_ids_positions_and_values(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_hidden_states_beyond_float16_range_keep_their_precision(tmp_path):
+    """Gemma's residual stream reaches 1e5 and more: plain float16 would store inf (rfn NaN); each
+    state is scaled by a power of two instead, so its relative error stays float16's."""
+    seqs, logits_of, _ = small_inputs(50, False)
+    rng = np.random.default_rng(1)
+    states = [rng.normal(size=(3, len(s.ids), 8)).astype(np.float32) * np.array([1.0, 3e5, 7e6])[:, None, None]
+              for s in seqs]
+    path = tmp_path / "big.mdref"
+    write_cache(path, {"model_path": "m", "model_sha256": "x"}, seqs, logits_of, lambda i: states[i])
+    cache = ReferenceCache(path)
+    for i in range(2):
+        got = cache.hidden(i)
+        assert np.isfinite(got).all()
+        diff, ref = (got - states[i]).reshape(3, -1), states[i].reshape(3, -1)
+        rel = np.linalg.norm(diff, axis=1) / np.linalg.norm(ref, axis=1)
+        assert (rel < 1e-3).all(), rel
+    assert cache.sequences[0]["hidden_scale"][0] == 1.0 and cache.sequences[0]["hidden_scale"][2] >= 2 ** 8
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda b: b[:-100], "truncated reference cache"),
     (lambda b: b[:-40] + bytes([b[-40] ^ 1]) + b[-39:], "checksum mismatch"),
