@@ -85,8 +85,13 @@ def _measured(family: str, stem: str, cmp, results: dict) -> dict:
 def test_correct_conversion_passes_every_default_check(matrix, family, quant):
     results = matrix(family, f"{family}-{quant}")
     failed = {name: [(row.metric, row.value, row.threshold) for row in r.rows] + r.details[:3]
-              for name, r in results.items() if r.status != PASSED}
+              for name, r in results.items() if r.status != PASSED and not no_window(r)}
     assert not failed
+
+
+def no_window(result) -> bool:
+    """The long-context probe runs by default only for models that declare a sliding window."""
+    return result.name == "long_context" and result.status == SKIPPED and "no sliding window" in result.reason
 
 
 @pytest.mark.parametrize("family, bug", [pytest.param(f, b, marks=_tier(f), id=f"{f}-{b}")

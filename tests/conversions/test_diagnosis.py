@@ -94,6 +94,7 @@ def test_isolate_never_keeps_llama_cpp_without_isolated_error(diag_set):
     assert result.extra["suspect"]["evidence"] == ["change point", "weights"]
 
 
+@pytest.mark.slow  # ~30 s of swapped passes; the default tier keeps the broken-layer attribution test
 def test_attribution_names_layers_and_sums_near_the_total(diag_set):
     md = ModelDiff(diag_set / "hf", [diag_set / "tiny-q4_k_m.gguf"], Settings(**SHORT, attribution=True))
     try:
