@@ -28,7 +28,8 @@ def statuses(run, name: str) -> dict[str, str]:
 def test_correct_conversion_passes_every_check_with_defaults(run, qtype):
     result = statuses(run, f"smollm2-{qtype}")
     assert set(result) == set(CHECKS)
-    assert {name: status for name, status in result.items() if status != "passed"} == {}
+    # SmolLM2 declares no sliding window: the long-context probe is off by default
+    assert {name: status for name, status in result.items() if status != "passed"} == {"long_context": "skipped"}
 
 
 @pytest.mark.parametrize("bug", BUGS)
