@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from pytest_modeldiff.checks.registry import CHECKS
+from pytest_modeldiff.formats.quant_types import TENSOR_TYPE_ERROR
 
 N = len(CHECKS)
 # the demo declares no sliding window: its long_context item is skipped (no --modeldiff-long-context)
@@ -430,7 +431,8 @@ def test_weight_assertions_markers_and_weights_only_files(pytester, run, demo_re
     pytester.makepyfile(test_weight_helpers=WEIGHT_TESTS)
     result = run("--modeldiff-checks=none")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*within Q8_0's usual error (0.0065) but over the threshold from marker*",
+    usual = TENSOR_TYPE_ERROR["Q8_0"]  # the calibrated table, not a copy of its number
+    result.stdout.fnmatch_lines([f"*within Q8_0's usual error ({usual:g}) but over the threshold from marker*",
                                  "*hint: every failing tensor is within its storage type's usual error*"])
     (pytester.path / "test_weight_helpers.py").unlink()
 
