@@ -133,8 +133,7 @@ class ReferenceCache:
         if not s.get("hidden_shape"):
             return None
         states = self._array(s["hidden_offset"], np.float16, tuple(s["hidden_shape"])).astype(np.float32)
-        scale = s.get("hidden_scale")
-        return states if scale is None else states * np.asarray(scale, np.float32).reshape(-1, *[1] * (states.ndim - 1))
+        return states * np.asarray(s["hidden_scale"], np.float32).reshape(-1, *[1] * (states.ndim - 1))
 
 
 def _describe_magic(magic: bytes) -> str:
@@ -204,8 +203,8 @@ def _sequence_problem(s, n_vocab: int, data_bytes: int) -> str | None:
         if not isinstance(shape, list) or not all(is_int(d, 0) for d in shape):
             return f"hidden_shape {short(shape)}, expected a list of sizes"
         arrays.append(("hidden_offset", 2 * math.prod(shape)))
-        scale = s.get("hidden_scale")
-        if scale is not None and not (isinstance(scale, list) and len(scale) == (shape[0] if shape else 0) and all(
+        scale = s.get("hidden_scale")  # entries written before it held float16 overflow (inf): rebuilt
+        if not (isinstance(scale, list) and len(scale) == shape[0] and all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in scale)):
             return f"hidden_scale {short(scale)}, expected one positive number per state"
     for field, nbytes in arrays:
