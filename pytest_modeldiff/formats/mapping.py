@@ -44,8 +44,9 @@ HPARAMS = [
     HParam("sliding_window", Keys.Attention.SLIDING_WINDOW, ("sliding_window",)),
     HParam("attn_softcap", Keys.LLM.ATTN_LOGIT_SOFTCAPPING, ("attn_logit_softcapping",), float),
     HParam("final_softcap", Keys.LLM.FINAL_LOGIT_SOFTCAPPING, ("final_logit_softcapping",), float),
-    # architecture-specific keys (formats/architectures.py): present on one side only when it matters
-    HParam("rope_freq_base_swa", Keys.Rope.FREQ_BASE_SWA, ("rope_local_base_freq",), float),
+    # architecture-specific keys (formats/architectures.py): present on one side only when it matters.
+    # Literal key names where gguf-py 0.17.1 (pyproject's floor) has no constant for them yet.
+    HParam("rope_freq_base_swa", "{arch}.rope.freq_base_swa", ("rope_local_base_freq",), float),
     HParam("rope_dims", Keys.Rope.DIMENSION_COUNT, ()),
     HParam("expert_count", Keys.LLM.EXPERT_COUNT, ("num_experts", "num_local_experts")),
     HParam("expert_used_count", Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",)),
@@ -170,7 +171,7 @@ def _gguf_runtime_defaults(values: dict[str, Any], metadata: Mapping[str, Any], 
         for key in ("sliding_window", "rope_freq_base_swa"):
             values.pop(key, None)
     elif values.get("sliding_window"):
-        pattern = metadata.get(Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=arch))
+        pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")  # literal: newer than gguf-py 0.17.1
         n_layer = values.get("n_layer")
         if isinstance(pattern, (list, np.ndarray)):
             values["swa_layers"] = "".join("S" if bool(x) else "F" for x in list(pattern))
