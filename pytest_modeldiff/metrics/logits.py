@@ -8,6 +8,8 @@ n_positions; pooled functions return a float. Arithmetic is float64 so that tiny
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -121,6 +123,31 @@ def topk_agreement(ref, cand, k: int = 1) -> np.ndarray:
 def agreement_of_ids(ref_ids: np.ndarray, cand_ids: np.ndarray) -> np.ndarray:
     """1.0 per row where two (n, k) id arrays are equal element by element (same ids, same order)."""
     return (ref_ids == cand_ids).all(axis=-1).astype(np.float64)
+
+
+def fraction_upper_bound(successes: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper-Pearson upper bound of a success probability seen as ``successes`` of
+    ``n``: the p with P(X <= successes | n, p) = 1 - confidence, X ~ Binomial(n, p); 1 when
+    successes = n. Closed forms: 1 - (1 - confidence)^(1/n) for 0 successes, confidence^(1/n) for
+    n - 1. A fraction over 7 sequences is judged by this, not by its noisy point value."""
+    if n <= 0 or successes >= n:
+        return 1.0
+    alpha = 1.0 - confidence
+
+    def cdf(p: float) -> float:  # P(X <= successes), summed in log space (n may be large)
+        logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                + (i * math.log(p) if i else 0.0) + (n - i) * math.log1p(-p) for i in range(successes + 1)]
+        top = max(logs)
+        return math.exp(top) * sum(math.exp(x - top) for x in logs)
+
+    low, high = successes / n, 1.0  # cdf falls from >= 0.5-ish at the point value to 0 at 1
+    for _ in range(60):
+        mid = (low + high) / 2
+        if cdf(mid) > alpha:
+            low = mid
+        else:
+            high = mid
+    return high
 
 
 def nmse(ref, cand) -> float:

@@ -3,7 +3,7 @@ import numpy as np
 
 from pytest_modeldiff import compare
 from pytest_modeldiff.checks.exact import compare_vocab
-from pytest_modeldiff.checks.results import FAILED
+from pytest_modeldiff.checks.results import FAILED, PASSED
 from pytest_modeldiff.formats import dumps
 from pytest_modeldiff.formats.vocab import VocabInfo
 
@@ -97,3 +97,28 @@ def test_chat_template_that_does_not_render_is_reported_not_raised():
     row, details = chat_rows(CHAT, "{% if %}")
     assert not row.passed and details[-1].startswith("sample conversation, rendered line 1: reference '<|im_start|>"
                                                      "system' vs candidate \"error: TemplateSyntaxError")
+
+
+def write_dumps(folder, prefix, name, sequences):
+    writer = dumps.AllPositionsWriter(folder, prefix, name)
+    for s, logits in enumerate(sequences):
+        writer.add(np.asarray(logits, np.float32), [s, 7 - s], None)  # distinct ids per sequence
+    return writer.finish(len(sequences[0][0]), {})
+
+
+def test_same_top_at_the_last_positions_is_judged_by_its_upper_bound(tmp_path):
+    """7 sequences of 2 positions: the candidate keeps the reference's top-1 at every first position
+    and at the last position of k sequences. k = 3 (3/7 = 0.43 under 0.55, upper bound 0.77) passes;
+    k = 1 (upper bound 0.52) fails; the all-positions scope is judged by its point value."""
+    top0, top1 = [3, 0, 0, 0, 0, 0, 0, 0], [0, 3, 0, 0, 0, 0, 0, 0]
+    ref = [[top0, top0]] * 7
+    for kept, status in ((3, PASSED), (1, FAILED)):
+        cand = [[top0, top0 if s < kept else top1] for s in range(7)]
+        report = compare(write_dumps(tmp_path / str(kept), "pytorch", "ref", ref),
+                         write_dumps(tmp_path / str(kept), "llamacpp", "cand-q4_k_m", cand),
+                         checks=["same_top"], thresholds={"same_top": 0.55})
+        result = report["llamacpp-cand-q4_k_m-all"].result("same_top")
+        assert result.status == status, [(r.metric, r.value, r.passed) for r in result.rows]
+        all_row, last_row = result.rows
+        assert all_row.passed and all_row.value == f"{(7 + kept) / 14:.4g}"
+        assert last_row.value.startswith(f"{kept / 7:.4g} ({kept} of 7, 95 % upper bound ")

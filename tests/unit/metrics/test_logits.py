@@ -143,3 +143,17 @@ def test_hidden_metrics_against_independent_implementations():
     np.testing.assert_allclose(metrics.cosine_error(ref, cand), 1 - cos.mean(-1).numpy(), rtol=1e-10)
     sq_diff, sq_ref, _ = metrics.hidden_moments(ref, cand)
     np.testing.assert_allclose(metrics.rfn_from_moments(sq_diff, sq_ref), expected_rfn, rtol=1e-10)
+
+
+def test_fraction_upper_bound_hand_values_and_binomial_tail():
+    n = 7
+    assert metrics.fraction_upper_bound(0, n) == pytest.approx(1 - 0.05 ** (1 / n), abs=1e-12)  # closed form
+    assert metrics.fraction_upper_bound(n - 1, n) == pytest.approx(0.95 ** (1 / n), abs=1e-12)
+    assert metrics.fraction_upper_bound(n, n) == 1.0 and metrics.fraction_upper_bound(0, 0) == 1.0
+    # independently: the binomial tail summed with exact integers at the bound is 1 - confidence
+    for k in (1, 3, 5):
+        p = metrics.fraction_upper_bound(k, n)
+        tail = sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+        assert tail == pytest.approx(0.05, abs=1e-9)
+    assert metrics.fraction_upper_bound(3, 7) == pytest.approx(0.7747, abs=1e-4)  # Beta(4, 4) 95th percentile
+    assert metrics.fraction_upper_bound(280, 400) < 0.74  # many samples: close to the point value 0.70
