@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..formats.quant_types import WeightLimits, usual_weight_error
+from ..formats.quant_types import usual_weight_error
 from ..metrics.layers import AGREES, DEPARTS, EMBD, FLOAT16_FLOOR, NORM, departures, describe, isolated_departures
 from .logits import _passes
 from .registry import CHECKS
 from .results import ERROR, FAILED, PASSED, SKIPPED, CheckResult, Row, fmt
 from .thresholds import Threshold
+from .weights import judge_tensors
 
 if TYPE_CHECKING:  # records of the engine, which runs the checks: no import at run time
     from ..engine.records import Comparison
@@ -139,8 +140,7 @@ def _weight_evidence(cmp: Comparison) -> dict[str, list[str]] | None:
     if wc is None or wc.diff is None:
         return None
     bad: dict[str, list[str]] = {}
-    for t in wc.diff.tensors:
-        ok = WeightLimits.of(t.usual_rel).passes(t.metrics) if t.metrics else t.expected
+    for t, _, ok in judge_tensors(wc.diff.tensors):  # the weights check's default limits
         state = _state_of(t)
         if not ok and state is not None:
             bad.setdefault(state, []).append(t.name)

@@ -18,6 +18,23 @@ if TYPE_CHECKING:  # records of the engine, which runs the checks: no import at 
 WEIGHT_KEYS = tuple(limit.key for limit in CHECKS["weights"].limits)  # weight_rel, weight_cos, weight_gain
 
 
+def judge_tensors(tensors, rel: float | None = None, cos: float | None = None,
+                  gain: float | None = None) -> list[tuple]:
+    """(tensor, its limits or None, passed) for each compared tensor pair: the limits set (None:
+    from the usual error and gain of the candidate's storage type), or for a tensor without
+    metrics (missing, added, reshaped) whether the converter drops or makes it on purpose. The
+    weights check's verdict and the layers check's weight evidence both come from here."""
+    judged = []
+    for t in tensors:
+        if t.metrics:
+            limits = WeightLimits.of(t.usual_rel, rel, cos, gain,
+                                     usual_gain=usual_weight_gain(t.ref_type, t.cand_type) if t.usual_rel else 0.0)
+            judged.append((t, limits, limits.passes(t.metrics)))
+        else:
+            judged.append((t, None, t.expected))
+    return judged
+
+
 def check_weights(weights: WeightComparison, thresholds: dict[str, Threshold]) -> CheckResult:
     """Every tensor pair within its limits (relative change, cosine, |gain - 1|: the threshold
     when one is set, else from the usual error of the candidate's storage type); no tensor missing,
@@ -29,14 +46,7 @@ def check_weights(weights: WeightComparison, thresholds: dict[str, Threshold]) -
         return CheckResult(name, weights.name, ERROR, reason=weights.error)
     diff = weights.diff
     rel_t, cos_t, gain_t = (thresholds[key] for key in WEIGHT_KEYS)
-    judged = []  # (tensor, limits or None, passed)
-    for t in diff.tensors:
-        if t.metrics:
-            limits = WeightLimits.of(t.usual_rel, rel_t.value, cos_t.value, gain_t.value,
-                                     usual_gain=usual_weight_gain(t.ref_type, t.cand_type) if t.usual_rel else 0.0)
-            judged.append((t, limits, limits.passes(t.metrics)))
-        else:
-            judged.append((t, None, t.expected))
+    judged = judge_tensors(diff.tensors, rel_t.value, cos_t.value, gain_t.value)
     compared = [(t, lim, ok) for t, lim, ok in judged if lim is not None]
     result = CheckResult(name, weights.name, PASSED if all(ok for *_, ok in judged) else FAILED,
                          threshold=rel_t if rel_t.value is not None else None)

@@ -32,7 +32,7 @@ def isolated_pass(store, path: Path, sequences, device: str = "cpu", threads: in
 
     runner = GGUFTorchRunner(Path(path), device, threads)
     try:
-        runner.load(max(len(seq.ids) for seq in sequences))
+        runner.load_weights()
         rows = []
         for i, seq in enumerate(sequences):
             ref = store.hidden(i)

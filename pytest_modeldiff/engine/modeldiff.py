@@ -340,7 +340,7 @@ class ModelDiff:
         try:
             n = max(len(seq.ids) for seq in cmp.eval.sequences)
             ref.load(n)
-            torch_cand.load(n)
+            torch_cand.load_weights()  # fed the reference's ids: no tokenizer needed
             cmp.attribution = diagnosis.attribution(ref, torch_cand, cmp.eval.sequences, self.progress)
         except ModelDiffError as exc:
             cmp.attribution = {"error": str(exc)}

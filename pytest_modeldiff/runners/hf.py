@@ -176,6 +176,12 @@ class TorchCausalLM(Runner):
                 raise ModelDiffError(f"{self.path}: transformers could not load the tokenizer: {exc}") from None
 
     def load(self, max_tokens: int) -> None:
+        self.load_tokenizer()
+        self.load_weights()
+
+    def load_weights(self) -> None:
+        """The model alone: the diagnosis passes feed it the reference's ids and states, so a
+        tokenizer transformers cannot build from a GGUF (Gemma's) does not stop them."""
         if self.model is not None:
             return
         import torch
@@ -183,7 +189,6 @@ class TorchCausalLM(Runner):
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        self.load_tokenizer()
         (folder, extra), arguments = self._source(), self._model_arguments()
         try:
             self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
