@@ -51,7 +51,10 @@ def reference_cache_dir(option: str | None) -> Path | None:
 
 
 def cache_path(directory: Path, runner, sequences, device: str) -> tuple[Path, str]:
-    """The entry for this reference, runtime and token ids; and the model files' hash."""
+    """The entry for this reference, runtime and token ids; and the model files' hash. The key holds
+    no path or time, only contents (the files' sha256, the ids) and what computed them, so an entry
+    made on another machine is found wherever the model lies there and whatever its folder's name:
+    an entry with the key under another name (``<name>-<key>``) is used as it is."""
     from .cache import files_sha256
 
     model_hash = files_sha256(runner.files())
@@ -59,7 +62,10 @@ def cache_path(directory: Path, runner, sequences, device: str) -> tuple[Path, s
         "model": model_hash, "runner": runner.kind, "versions": runner.versions(), "device": device,
         "dtype": runner.compute_dtype() and runner.compute_dtype()[0],
         "sequences": [[list(map(int, s.ids)), s.scored] for s in sequences]}).encode()).hexdigest()
-    return Path(directory) / f"{runner.name}-{key[:16]}{SUFFIX}", model_hash
+    path = Path(directory) / f"{runner.name}-{key[:16]}{SUFFIX}"
+    if not path.exists():
+        path = next(iter(sorted(Path(directory).glob(f"*-{key[:16]}{SUFFIX}"))), path)
+    return path, model_hash
 
 
 class ReferenceCache:
