@@ -70,13 +70,14 @@ print(f"load {t1 - t0:.2f} forward {t2 - t1:.2f}")
 """
 
 
-def timed(command: list[str], **kwargs) -> tuple[float, int, str]:
+def timed(command: list[str], env: dict | None = None, **kwargs) -> tuple[float, int, str]:
     """Wall seconds, peak RSS (MB) and output of a command in its own wrapper process."""
     wrapper = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
                "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
                "w = time.perf_counter() - t; sys.stdout.write(r.stdout + r.stderr); "
                "print(f'\\n@@ {w} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} {r.returncode}')")
-    out = subprocess.run([sys.executable, "-c", wrapper, *command], capture_output=True, text=True, env=ENV, **kwargs)
+    out = subprocess.run([sys.executable, "-c", wrapper, *command], capture_output=True, text=True,
+                         env=env or ENV, **kwargs)
     text, _, tail = out.stdout.rpartition("\n@@ ")
     wall, rss, rc = tail.split()
     if int(rc) not in (0, 1):  # 1: a check failed (the numbers still count)
@@ -96,6 +97,11 @@ def main() -> None:
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only-ours", action="store_true",
+                    help="only pytest-modeldiff's two runs (llama-perplexity and the bare forwards not re-measured)")
+    ap.add_argument("--keep", type=Path, help="copy both runs' results JSON here (cold.json, warm.json): the "
+                    "exactness check compares them across commits")
+    ap.add_argument("--extra", default="", help="more options for pytest-modeldiff's runs (space-separated)")
     args = ap.parse_args()
     work = args.work_dir
     if not (work / "smol-q4_k_m.gguf").exists():
@@ -114,25 +120,36 @@ def main() -> None:
     common = ["-c", str(args.n_ctx), "-b", str(args.n_ctx), "-t", "2", "-fa", "off"]
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base.kld"
-        base_s, base_rss, base_log = timed([str(binary), "-m", str(ref), "-f", str(text), "--chunks", str(args.chunks),
-                                            "--kl-divergence-base", str(base), *common])
-        kl_s, kl_rss, kl_log = timed([str(binary), "-m", str(cand), "--kl-divergence-base", str(base),
-                                      "--kl-divergence", *common])
-        fwd_s, fwd_rss, fwd_log = timed([sys.executable, "-c", FORWARDS, str(ref), str(cand), str(text),
-                                         str(args.n_ctx), str(args.chunks)])
+        skipped = (float("nan"), 0, "")  # --only-ours: not measured
+        llama_base = [str(binary), "-m", str(ref), "-f", str(text), "--chunks", str(args.chunks),
+                      "--kl-divergence-base", str(base), *common]
+        llama_kl = [str(binary), "-m", str(cand), "--kl-divergence-base", str(base), "--kl-divergence", *common]
+        forwards = [sys.executable, "-c", FORWARDS, str(ref), str(cand), str(text), str(args.n_ctx), str(args.chunks)]
+        base_s, base_rss, base_log = skipped if args.only_ours else timed(llama_base)
+        kl_s, kl_rss, kl_log = skipped if args.only_ours else timed(llama_kl)
+        fwd_s, fwd_rss, fwd_log = (*skipped[:2], "-") if args.only_ours else timed(forwards)
         ours = [sys.executable, "-m", "pytest_modeldiff", "--ref-model", str(ref), "--cand-model", str(cand),
                 "--eval-text", str(text), "--eval-length", str(args.n_ctx), "--eval-rows", str(args.chunks),
-                "--llama-perplexity-compat", "--threads", "2", "--ref-cache", str(Path(tmp) / "cache"),
-                "--json", str(Path(tmp) / "r.json")]
-        cold_s, cold_rss, cold_log = timed(ours)
-        warm_s, warm_rss, warm_log = timed(ours)
+                "--modeldiff-llama-perplexity-compat", "--modeldiff-threads", "2",
+                "--modeldiff-ref-cache", str(Path(tmp) / "cache"), "--modeldiff-json", str(Path(tmp) / "r.json"),
+                *args.extra.split()]
+        # cold: nothing seen before - an empty reference cache and an empty MODELDIFF_CACHE (the model
+        # files' sha256 memo, llama.cpp's load-probe memo); warm: both as the cold run left them
+        fresh = {**ENV, "MODELDIFF_CACHE": str(Path(tmp) / "memo")}
+        cold_s, cold_rss, cold_log = timed(ours, fresh)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(tmp) / "r.json", args.keep / "cold.json")
+        warm_s, warm_rss, warm_log = timed(ours, fresh)
+        if args.keep:
+            shutil.copy(Path(tmp) / "r.json", args.keep / "warm.json")
         report = json.loads((Path(tmp) / "r.json").read_text())
         entry = next((Path(tmp) / "cache").glob("*.mdref"))
         cache_mb = entry.stat().st_size / 2**20
         # the cache's precision floor: the reference against its own cache entry
         timed([sys.executable, "-m", "pytest_modeldiff", "--ref-model", str(ref), "--cand-model", str(entry),
-               "--checks", "kld,max_abs,nmse", "--threads", "2", "--ref-cache", "none",
-               "--json", str(Path(tmp) / "floor.json")])
+               "--modeldiff-checks", "kld,max_abs,nmse", "--modeldiff-threads", "2", "--modeldiff-ref-cache", "none",
+               "--modeldiff-json", str(Path(tmp) / "floor.json")])
         floor = json.loads((Path(tmp) / "floor.json").read_text())["candidates"][0]["metrics"]
     stats = report["candidates"][0]["kl_stats"]
     llama = base_s + kl_s

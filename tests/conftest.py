@@ -20,6 +20,8 @@ import pytest_modeldiff.runners.llamacpp  # noqa: F401
 # Tests run the reference afresh unless they test the cache (unit/formats/test_refcache.py and
 # integration/test_plugin_refcache.py name their own).
 os.environ["MODELDIFF_REF_CACHE"] = "none"
+# Nor do they remember which files passed llama.cpp's load probe (tests/unit/runners names its own).
+pytest_modeldiff.runners.llamacpp.PROBE_MEMO = None
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "fixtures" / "demo"

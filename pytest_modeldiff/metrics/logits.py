@@ -97,8 +97,18 @@ def top_k_ids(logits, k: int) -> np.ndarray:
     # topk leaves the order of equal values (and which of them makes the cut) unspecified: rows
     # with a tie among the k kept or between the k-th and the next are redone with a stable sort.
     for row in torch.nonzero((values[:, 1:] == values[:, :-1]).any(-1))[:, 0].tolist():
-        ids[row] = torch.sort(x[row], descending=True, stable=True).indices[:ids.shape[-1]]
+        ids[row] = _stable_top(x[row], values[row, -1], ids.shape[-1])
     return ids[:, :k].numpy()
+
+
+def _stable_top(row: torch.Tensor, last: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n ids of a stable descending sort of ``row``, ``last`` being its n-th largest
+    value: only the entries >= last can be among them, so only those are sorted (ascending ids
+    in, so the stable sort keeps equal values in id order). A row with NaN is sorted whole."""
+    if torch.isnan(row).any():
+        return torch.sort(row, descending=True, stable=True).indices[:n]
+    keep = torch.nonzero(row >= last)[:, 0]
+    return keep[torch.sort(row[keep], descending=True, stable=True).indices[:n]]
 
 
 def topk_overlap(ref, cand, k: int = 10) -> np.ndarray:
@@ -228,10 +238,12 @@ def hidden_moments(ref, cand) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per state: sum (cand - ref)^2, sum ref^2, and the mean over tokens of cos(ref_t, cand_t)
     (a zero vector has cosine 1 with itself, 0 with anything else). Sums pool over sequences."""
     r, c = _3d(ref), _3d(cand)
-    sq_diff = ((c - r) ** 2).sum((-1, -2))
+    d = c - r  # once for both uses (the same values as before, one float64 pass less)
+    sq_diff = d.square_().sum((-1, -2))
+    same = (d == 0).all(-1)
+    del d
     sq_ref = (r * r).sum((-1, -2))
     norms = r.norm(dim=-1) * c.norm(dim=-1)
-    same = ((c - r) == 0).all(-1)
     cos = torch.where(norms > 0, (r * c).sum(-1) / norms.clamp_min(1e-300), same.to(r.dtype))
     return sq_diff.numpy(), sq_ref.numpy(), cos.mean(-1).numpy()
 

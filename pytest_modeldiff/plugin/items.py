@@ -19,6 +19,9 @@ def check_items(session: pytest.Session, run: Session) -> list[pytest.Item]:
         parent = ModelDiffCandidate.from_parent(session, name=f"modeldiff[{key}]", nodeid=f"modeldiff[{key}]",
                                                 path=runner.path.resolve())
         parent.candidate, parent.checks, parent.baseline = key, run.checks, run.baseline is not None
+        # pytest-xdist -n N --dist loadgroup (or loadscope) keeps a candidate's items on one worker:
+        # its comparison is computed once, the reference once for all (the cache's file lock)
+        parent.add_marker(pytest.mark.xdist_group(key))
         items.extend(session.genitems(parent))
     return items
 

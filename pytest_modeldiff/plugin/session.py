@@ -47,17 +47,12 @@ class Session:
         from ..checks.thresholds import Thresholds
         from ..engine.modeldiff import ModelDiff
         from ..engine.settings import Settings
-        from ..errors import ModelDiffError, ModelDiffUsageError
+        from ..errors import ModelDiffUsageError
         from ..report.baseline import load_baseline, parse_tolerances
 
         ref, candidates = options.require_models(values)
         checks = parse_check_list(values["checks"] or " ".join(CHECKS), "--modeldiff-checks")
         settings = Settings(**options.settings_fields(values, checks))
-        if settings.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ModelDiffError(f"--modeldiff-device cuda: torch {torch.__version__} sees no CUDA device; use cpu")
         run = cls(config, values, checks)
         run.tolerances = parse_tolerances(values["compare_fail"])
         if run.tolerances and not values["baseline"]:

@@ -52,5 +52,32 @@ def make_runner(path: Path, runner: str | None = None, device: str = "cpu", thre
     if kind == "dump" and Path(path).is_dir():
         named = os.environ.get(MODEL_ENV[role])
         path = dump_in_folder(Path(path), role, model_name(named) if named else None)
+    if device.startswith("cuda"):
+        require_device(kind, device)
     module, cls = RUNNERS[kind].split(":")
     return getattr(importlib.import_module(module), cls)(Path(path), device=device, threads=threads)
+
+
+TORCH_KINDS = ("hf", "gguf-torch")
+
+
+def require_device(kind: str, device: str) -> None:
+    """--modeldiff-device cuda must run where it says, never quietly on the CPU: torch must see a
+    CUDA device (torch runners), llama-cpp-python must be built with GPU offload (llamacpp: its
+    n_gpu_layers is silently ignored otherwise). Dumps, caches and weight files run nothing."""
+    if kind in TORCH_KINDS:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ModelDiffUsageError(f"--modeldiff-device {device}: torch {torch.__version__} sees no CUDA device "
+                                      f"(the {kind} runner would run on it); use cpu")
+    elif kind == "llamacpp":
+        try:
+            import llama_cpp
+        except ImportError:
+            return  # the runner names the missing package when it loads
+        if not llama_cpp.llama_supports_gpu_offload():
+            raise ModelDiffUsageError(
+                f"--modeldiff-device {device}: llama-cpp-python {llama_cpp.__version__} was built without GPU "
+                "offload, so llama.cpp would run on the CPU; reinstall it with CUDA (CMAKE_ARGS=\"-DGGML_CUDA=on\" "
+                "pip install --no-binary llama-cpp-python --force-reinstall llama-cpp-python) or use cpu")

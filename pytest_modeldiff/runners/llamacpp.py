@@ -177,11 +177,61 @@ def probe_load(path: Path, gpu_layers: int) -> str | None:
         return None  # gone: the load itself says so
     key = (path, stat.st_size, stat.st_mtime_ns, gpu_layers)
     if key not in _PROBED:
-        _PROBED[key] = _run_probe(path, gpu_layers)
+        memo_key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{gpu_layers}|{_llama_cpp_version()}"
+        passed = _read_probe_memo()
+        _PROBED[key] = (None, None) if memo_key in passed else _run_probe(path, gpu_layers)
+        if _PROBED[key] == (None, None) and memo_key not in passed:
+            _remember_probe(memo_key)
     fatal, load_error = _PROBED[key]
     if fatal:
         raise ModelDiffError(fatal)
     return load_error
+
+
+# files that passed the probe, memoized like sha256.json (None: off; the test suite turns it off)
+PROBE_MEMO: str | None = "llamacpp-probe.json"
+
+
+def _llama_cpp_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _read_probe_memo() -> set[str]:
+    """Files (path, size, mtime, offload, llama-cpp-python version) that loaded and ran cleanly in
+    an earlier probe: the probe costs a full model load (seconds for a large model) on every run,
+    and the same bytes in the same llama.cpp give the same answer. Only passes are kept."""
+    import json
+
+    from ..formats.cache import CACHE_DIR
+
+    if PROBE_MEMO is None:
+        return set()
+    try:
+        memo = json.loads((CACHE_DIR / PROBE_MEMO).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return set()
+    return {k for k in memo if isinstance(k, str)} if isinstance(memo, list) else set()
+
+
+def _remember_probe(memo_key: str) -> None:
+    import json
+
+    from ..formats.atomic import write_atomic
+    from ..formats.cache import CACHE_DIR, locked
+
+    if PROBE_MEMO is None:
+        return
+    path = CACHE_DIR / PROBE_MEMO
+    try:
+        with locked(path):
+            write_atomic(path, json.dumps(sorted(_read_probe_memo() | {memo_key})).encode())
+    except OSError:  # a read-only cache only costs the probe next time
+        pass
 
 
 def _run_probe(path: Path, gpu_layers: int) -> tuple[str | None, str | None]:

@@ -309,6 +309,22 @@ def test_changed_model_removes_its_stale_entry(demo_ref, demo_cand, tmp_path):
     assert not old.exists() and len(list(cache_dir.glob("*.mdref"))) == 1
 
 
+def test_an_entry_made_elsewhere_is_found_whatever_the_model_path(demo_ref, demo_cand, tmp_path):
+    """The key is the files' content, not their path or time: a cache computed on one machine
+    (here: one folder name) and copied to another (another path, name and mtime) is used there."""
+    there = tmp_path / "big-machine" / "hf"
+    shutil.copytree(demo_ref, there)
+    compare(there, [demo_cand], checks=["kld"], ref_cache=tmp_path / "artefact", eval_length=16)
+    here = tmp_path / "ci" / "Model-Renamed"
+    shutil.copytree(demo_ref, here, copy_function=shutil.copy)  # new mtimes: hashed again
+    shutil.copytree(tmp_path / "artefact", tmp_path / "ci-cache")
+    messages = []
+    report = compare(here, [demo_cand], checks=["kld"], ref_cache=tmp_path / "ci-cache", eval_length=16,
+                     progress=messages.append)
+    assert any("outputs from the cache" in m and "hf-" in m for m in messages), messages
+    assert report.passed and len(list((tmp_path / "ci-cache").glob("*.mdref"))) == 1
+
+
 CONCURRENT = """
 import sys
 from pathlib import Path

@@ -88,6 +88,15 @@ def test_top_k_ids_order_ties_by_id_inside_and_at_the_cut():
     np.testing.assert_array_equal(metrics.top_k_ids(x, 5), np.argsort(-x, axis=-1, kind="stable"))
 
 
+def test_top_k_ids_with_many_ties_match_a_stable_sort_of_the_whole_row():
+    """Tied rows take the ids from the entries at or above the cut only: the same ids as sorting all."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 40, size=(64, 3000)).astype(np.float32)  # ties everywhere, also at the cut
+    x[5, 7] = np.nan  # a NaN row is sorted whole
+    expected = torch.sort(torch.as_tensor(x), descending=True, stable=True).indices[:, :21].numpy()
+    np.testing.assert_array_equal(metrics.top_k_ids(x, 21), expected)
+
+
 def test_target_rank_and_topk_accuracy_by_hand_with_ties():
     logits = np.array([[0.0, 2.0, 1.0, 2.0],    # target 3 ties with id 1 for the top: rank 0
                        [3.0, 2.0, 2.0, 1.0],    # target 2 ties with id 1 behind id 0: rank 1
