@@ -28,6 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "modeldiff(**thresholds): thresholds for this test's modeldiff assertions, "
                    "e.g. @pytest.mark.modeldiff(kld=0.01, top10=0.9)")
+    # each candidate's items carry it (plugin/items.py); registered here too, so --strict-markers
+    # runs without pytest-xdist installed do not stop on it
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs items of one group on one worker")
     session = Session.from_config(config)
     if session is not None:
         config.stash[SESSION] = session

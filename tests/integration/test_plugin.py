@@ -85,6 +85,13 @@ def summary_section(result) -> list[str]:
     return lines[start:]
 
 
+def test_strict_markers_without_xdist_accept_the_candidates_group_marker(run):
+    """Each candidate's items carry xdist_group; the plugin registers it, so --strict-markers runs
+    without pytest-xdist do not stop at collection."""
+    result = run("-p", "no:xdist", "--strict-markers", "-W", "error::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(passed=N - 1, skipped=1)
+
+
 def test_default_summary_is_the_candidates_table_and_the_verdict(run, tmp_path):
     """No per-check, per-layer or weight table by default: the gate, one candidates table, the
     files written, the verdict; --modeldiff-report=full (or -v) shows them."""
