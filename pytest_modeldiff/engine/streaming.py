@@ -131,23 +131,27 @@ class StreamedModel:
 
     def weights(self, hf_name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) of a tensor by its HF name, float32, in HF's layout."""
-        if not self.gguf:
-            return self.reader.read(hf_name, start, stop)
-        arch = self.gguf.metadata.get(Keys.General.ARCHITECTURE, "")
-        name = mapping.gguf_tensor_name(arch, self.n_layers, hf_name)
-        if name is None or self.reader.aliases.get(name, name) not in self.reader.tensors:
-            raise ModelDiffError(f"{self.path}: no GGUF tensor for {hf_name} (mapped to {name})")
-        if start or stop is not None:  # row slices are only asked of the head, which is not permuted
+        name = self.stored_name(hf_name)
+        if not self.gguf or start or stop is not None:  # row slices are only asked of the head: not permuted
             return self.reader.read(name, start, stop)
         c = self.config
-        return mapping.to_hf_layout(arch, name, self.reader.read(name), c.num_attention_heads,
-                                    getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+        return mapping.to_hf_layout(self.gguf.metadata.get(Keys.General.ARCHITECTURE, ""), name, self.reader.read(name),
+                                    c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+
+    def stored_name(self, hf_name: str) -> str:
+        """The tensor's name in the weight files (GGUF names through mapping.py)."""
+        if not self.gguf:
+            return hf_name
+        name = mapping.gguf_tensor_name(self.gguf.metadata.get(Keys.General.ARCHITECTURE, ""), self.n_layers, hf_name)
+        if name is None or self.reader.aliases.get(name, name) not in self.reader.tensors:
+            raise ModelDiffError(f"{self.path}: no GGUF tensor for {hf_name} (mapped to {name})")
+        return name
 
     def head(self, normed: list[np.ndarray]) -> list[np.ndarray]:
         """Logits of each sequence's normed states: the head read in row chunks of the vocabulary."""
         import torch
 
-        n_vocab = self.reader.meta(self.head_name).shape[0]
+        n_vocab = self.reader.meta(self.stored_name(self.head_name)).shape[0]
         x = torch.from_numpy(np.concatenate(normed))
         out = torch.empty((len(x), n_vocab), dtype=torch.float32)
         step = max(1, HEAD_CHUNK_ELEMENTS // x.shape[1])
