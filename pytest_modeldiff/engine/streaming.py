@@ -134,9 +134,9 @@ class StreamedModel:
         name = self.stored_name(hf_name)
         if not self.gguf or start or stop is not None:  # row slices are only asked of the head: not permuted
             return self.reader.read(name, start, stop)
-        c = self.config
-        return mapping.to_hf_layout(self.gguf.metadata.get(Keys.General.ARCHITECTURE, ""), name, self.reader.read(name),
-                                    c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+        c, arch = self.config, self.gguf.metadata.get(Keys.General.ARCHITECTURE, "")
+        return mapping.to_hf_layout(arch, name, self.reader.read(name), c.num_attention_heads,
+                                    getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
 
     def stored_name(self, hf_name: str) -> str:
         """The tensor's name in the weight files (GGUF names through mapping.py)."""
