@@ -1,12 +1,12 @@
 """Streaming: a model larger than RAM run one module at a time from its weight files.
 
-The model is a transformers skeleton on the meta device; each step materialises one module
-(embedding, decoder layer i, final norm) from its weight files (safetensors, or a GGUF dequantized
-with gguf-py and mapped to HF names through mapping.py), runs every sequence through it and frees
-it, so each weight is read once for all sequences. The output head is then applied in row chunks
-of the vocabulary (a slice of lm_head, or of the tied embedding, at a time). Peak memory is one
-module, one head chunk, the logits of a group of sequences and, when asked, their hidden states,
-whatever the model's size.
+The model is a transformers skeleton on the meta device. The embedding step reads only the rows
+of the tokens used; each later step materialises one module (decoder layer i, the final norm) from
+its weight files (safetensors, or a GGUF dequantized with gguf-py and mapped to HF names through
+mapping.py), runs every sequence through it and frees it, so each weight is read once for all
+sequences. The output head is then applied in row chunks of the vocabulary (a slice of lm_head, or
+of the tied embedding, at a time). Peak memory is one decoder layer, one head chunk, the logits of
+a group of sequences and, when asked, their hidden states, whatever the model's size.
 
 Only decoders whose forward pass is exactly embed_tokens -> layers -> norm -> lm_head are run
 (STREAMABLE); anything else (embedding scaling, logit soft-capping or scaling, sliding windows
@@ -119,6 +119,8 @@ class StreamedModel:
     def load(self, module) -> None:
         import torch
 
+        if module is self.decoder.embed_tokens:
+            return  # embed() reads only the rows of the tokens asked for
         prefix = next(name for name, m in self.model.named_modules() if m is module)
         state = {name: torch.from_numpy(np.ascontiguousarray(self.weights(f"{prefix}.{name}")))
                  for name, _ in module.named_parameters()}
@@ -129,10 +131,17 @@ class StreamedModel:
     def unload(module) -> None:
         module.to("meta")
 
+    def embed(self, ids: Sequence[int]) -> np.ndarray:
+        """The embedding rows of ``ids``, read row by row (a 128k-token table is 2 GB in float32)."""
+        name = next(n for n, m in self.model.named_modules() if m is self.decoder.embed_tokens) + ".weight"
+        rows = {i: self.weights(name, i, i + 1)[0] for i in sorted(set(ids))}
+        self.reader.release()
+        return np.stack([rows[i] for i in ids])
+
     def weights(self, hf_name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) of a tensor by its HF name, float32, in HF's layout."""
         name = self.stored_name(hf_name)
-        if not self.gguf or start or stop is not None:  # row slices are only asked of the head: not permuted
+        if not self.gguf or start or stop is not None:  # rows are only asked of the embedding and head: not permuted
             return self.reader.read(name, start, stop)
         c, arch = self.config, self.gguf.metadata.get(Keys.General.ARCHITECTURE, "")
         return mapping.to_hf_layout(arch, name, self.reader.read(name), c.num_attention_heads,
@@ -176,7 +185,7 @@ def apply(model: StreamedModel, module, states: list, ids: list, kind: str) -> l
     with torch.inference_mode():
         for h, seq in zip(states, ids):
             if kind == "embd":
-                out.append(module(torch.tensor([list(seq)]))[0].float().numpy())
+                out.append(model.embed(seq))
                 continue
             x = torch.from_numpy(h)[None]
             if kind == "norm":
