@@ -3,8 +3,8 @@
     python benchmarks/llama8b.py                    # build, run, report, delete the 8B files
     python benchmarks/llama8b.py --keep             # keep /tmp/modeldiff-8b for another run
 
-Random weights, for time and memory only: the check verdicts mean nothing (the padded vocabulary
-fails vocab; random Q4_K_M weights fail the logit and layer limits). The model (benchmarks/
+Random weights, for time and memory only: the check verdicts mean nothing (random weights under
+Q4_K_M fail the logit and layer limits). The model (benchmarks/
 randomllama.py): hidden 4096, 32 layers, 32 heads / 8 KV heads, ffn 14336, vocabulary 128,256,
 untied head, bf16 safetensors written shard by shard (16 GB); llama.cpp's converter writes a q8_0
 GGUF (8.5 GB) and its quantizer requantizes it to Q4_K_M (4.9 GB), then the q8_0 file is deleted:

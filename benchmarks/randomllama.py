@@ -4,8 +4,8 @@ The weights are random (normal, std 0.02; norms 1): right for timings and peak m
 for any quality number. The checkpoint is written shard by shard (one shard's tensors in memory at
 a time), so an 8B model is made on a machine with less RAM than the model. The tokenizer is
 SmolLM2's (fixtures/demo/hf), which llama.cpp's converter recognises; a larger vocabulary than its
-49,152 tokens is padded by the converter with [PAD<i>] tokens, so the vocab check fails on such a
-pair (the benchmark measures the run, not the verdicts).
+49,152 tokens is padded by the converter with [PAD<i>] tokens (the benchmark measures the run,
+not the verdicts).
 
     from benchmarks.randomllama import LlamaShape, write_random_llama, convert_and_quantize
     write_random_llama(LLAMA3_8B, Path("/tmp/llama8b/hf"))
