@@ -1,7 +1,7 @@
 """Peak RSS and wall time of a full default-check run, reference in memory vs --modeldiff-stream-layers.
 
     python benchmarks/streaming.py                          # the 1.08B random Llama pair (built once)
-    python benchmarks/streaming.py --shape 8b --eval-rows 2 --eval-length 128   # see llama8b.py
+    python benchmarks/streaming.py --shape 8b --modes streamed --eval-rows 2 --eval-length 128   # = llama8b.py
 
 The pair is a random-weight Llama (benchmarks/randomllama.py: bf16 sharded safetensors) and its
 Q4_K_M GGUF (llama.cpp's converter to q8_0, then its quantizer), built once under --work-dir.
