@@ -99,9 +99,9 @@ OPTIONS = (
            metavar="K"),
     Option("--modeldiff-keep-layers", "the candidate takes the reference's hidden state after its first K layers "
            "(torch candidates)", "keep_layers", at_least(0), metavar="K"),
-    Option("--modeldiff-stream-layers", "per-layer comparison one decoder layer at a time from the weight files "
-           "(models larger than RAM)", "stream_layers", action="store_true"),
-    Option("--modeldiff-checkpoint-dir", "where --modeldiff-stream-layers saves its progress (default: "
+    Option("--modeldiff-stream-layers", "models larger than RAM: run the reference one decoder layer at a time "
+           "from its weight files (every check still runs)", "stream_layers", action="store_true"),
+    Option("--modeldiff-checkpoint-dir", "where the streamed reference saves its progress (default: "
            "~/.cache/pytest-modeldiff/stream)", "checkpoint_dir", metavar="DIR", path=True),
     Option("--modeldiff-isolate", "isolated per-layer error of llama.cpp candidates (each layer fed the reference's "
            "input) from a gguf-torch pass over the same GGUF: auto (when the layers check fails), always, never "

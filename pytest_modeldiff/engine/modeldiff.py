@@ -21,7 +21,7 @@ from ..formats.cache import files_sha256, locked
 from ..formats.quant_types import quant_class
 from ..metrics import layers
 from ..runners.base import Runner
-from ..runners.detect import make_runner
+from ..runners.detect import detect_runner, make_runner
 from ..weights.diff import ArchitectureNotMapped, compare_weights
 from . import diagnosis, evaldata
 from .progress import Pace
@@ -38,8 +38,9 @@ class ModelDiff:
         self.settings = settings or Settings()
         self.progress = progress or (lambda message: None)
         s = self.settings
-        self.reference = make_runner(Path(ref), s.ref_runner, s.device, s.threads, role="reference")
+        self.reference = make_runner(Path(ref), self._reference_kind(Path(ref)), s.device, s.threads, role="reference")
         self.reference.dtype = s.ref_dtype
+        self.reference.checkpoint_dir = s.checkpoint_dir  # streamed: where its progress is saved
         self.candidates: dict[str, Runner] = {}
         for path in candidates:
             runner = make_runner(Path(path), s.cand_runner, s.device, s.threads, role="candidate")
@@ -47,7 +48,7 @@ class ModelDiff:
             while key in self.candidates:  # two files with one stem: keep both, distinguishable
                 key, n = f"{runner.name}-{n}", n + 1
             self.candidates[key] = runner
-            if s.keep_layers and not s.stream_layers and not runner.feeds_layers:
+            if s.keep_layers and not runner.feeds_layers:
                 raise ModelDiffUsageError(
                     f"--modeldiff-keep-layers: {runner.path} runs in {runner.kind}, which cannot take another "
                     "model's hidden state; use --cand-runner gguf-torch (or hf) for it")
@@ -58,6 +59,16 @@ class ModelDiff:
         self._weights: dict[str, WeightComparison] = {}
         self._environment: dict | None = None
         self._long_ref: tuple[int, list[int], np.ndarray] | None = None  # the long-context probe's reference run
+
+    def _reference_kind(self, path: Path) -> str | None:
+        """--modeldiff-stream-layers runs a model reference (HF folder, GGUF) streamed, one layer at
+        a time from its files; an explicit --ref-runner and recordings (dumps, caches) stay as they are."""
+        s = self.settings
+        if not s.stream_layers or s.ref_runner or not path.exists():
+            return s.ref_runner
+        if s.ref_dtype not in ("auto", "float32"):
+            raise ModelDiffUsageError(f"--ref-dtype {s.ref_dtype}: a streamed reference runs in float32")
+        return "streamed" if detect_runner(path) in ("hf", "llamacpp") else None
 
     # -- evaluation input and the reference pass ------------------------------------------
     def prepare(self) -> None:
@@ -125,19 +136,22 @@ class ModelDiff:
             if dumping:
                 self._finish_dumps(self.reference, self._ref_store.writer, self._ref_store.last_row,
                                    self.reference.quant_type())
+            # the store holds its outputs: free the weights before any candidate loads (the peak is
+            # the larger model, not both); diagnosis passes that need them load them again
+            self.reference.close()
         return self._ref_store
 
     def _run_reference(self) -> "ReferenceStore":
         return ReferenceStore.run(self.reference, self.eval_input().sequences,
                                    lambda: self._dump_writer(self.reference, self.reference.name),
-                                   self.progress, hidden=self._in_memory_layers())
+                                   self.progress, hidden=self.settings.layers)
 
     def _cached_reference(self) -> "ReferenceStore":
         """The reference's outputs from the cache, else run and cached; one process at a time
         per entry (file lock), so pytest-xdist workers compute it once."""
         ref, sequences = self.reference, self.eval_input().sequences
         path, model_hash = refcache.cache_path(self.settings.ref_cache, ref, sequences, self.settings.device)
-        need_hidden = self._in_memory_layers() and ref.gives_hidden
+        need_hidden = self.settings.layers and ref.gives_hidden
         with locked(path):
             entry = refcache.open_valid(path, need_hidden)
             if entry is not None:
@@ -154,9 +168,6 @@ class ModelDiff:
             # compared from the cache like every later run, so the numbers do not depend on who wrote it
             return ReferenceStore.from_cache(refcache.ReferenceCache(path, verify=False), need_hidden,
                                               load_seconds=store.load_seconds, seconds=store.seconds)
-
-    def _in_memory_layers(self) -> bool:
-        return self.settings.layers and not self.settings.stream_layers
 
     # -- candidates ------------------------------------------------------------------------
     def compare(self, key: str) -> Comparison:
@@ -206,7 +217,7 @@ class ModelDiff:
         self.reference.require_model()
         cand.require_model()
         eval_input = self.eval_input()
-        run_models = self.settings.logits or self._in_memory_layers()
+        run_models = self.settings.logits or self.settings.layers
         first_use = self._ref_store is None
         ref_store = self._reference() if run_models else None
         t0 = time.perf_counter()
@@ -227,8 +238,6 @@ class ModelDiff:
         cand_seconds = self._run_candidate(cmp, ref_store) if run_models else 0.0
         if not run_models:
             cmp.error = "logit metrics not computed: the selected checks (--modeldiff-checks) need none"
-        if self.settings.layers and self.settings.stream_layers:
-            self._stream_layers(cmp, eval_input)
         if run_models and cmp.error is None:
             if self.settings.attribution:
                 self._attribute(cmp)
@@ -254,7 +263,7 @@ class ModelDiff:
         cand, sequences = cmp.candidate, cmp.eval.sequences
         writer = self._dump_writer(cand, self._dump_name(cand))
         parts, cand_seconds, last_row = [], 0.0, None
-        hidden = self._in_memory_layers() and self._layers_possible(cmp, ref_store)
+        hidden = self.settings.layers and self._layers_possible(cmp, ref_store)
         acc, pace = None, Pace(sequences)
         try:
             for i, seq in enumerate(sequences):
@@ -299,7 +308,8 @@ class ModelDiff:
             cmp.n_vocab = int(ref_store.n_vocab)
         if hidden and cmp.layers_error is None:  # a failed run leaves no partial layer numbers
             cmp.layers_error = cmp.error
-            cmp.layers = acc.finish("in-memory") if cmp.error is None else None
+            source = "streamed" if self.reference.kind == "streamed" else "in-memory"  # the reference's states
+            cmp.layers = acc.finish(source) if cmp.error is None else None
         if writer:
             self._finish_dumps(cand, writer, last_row, cmp.quant_type)
         return cand_seconds
@@ -313,9 +323,16 @@ class ModelDiff:
         t0 = time.perf_counter()
         s = self.settings
         try:
-            cmp.layers.isolated_rfn = diagnosis.isolated_pass(self._reference(), cmp.candidate.path,
-                                                              cmp.eval.sequences, s.device, s.threads, self.progress)
-            cmp.layers.isolated_source = "gguf-torch"
+            if s.stream_layers:  # the dequantized candidate may not fit in memory either
+                from .streaming import isolated_pass
+
+                cmp.layers.isolated_rfn = isolated_pass(self._reference(), cmp.candidate.path, cmp.eval.sequences,
+                                                        self.progress)
+            else:
+                cmp.layers.isolated_rfn = diagnosis.isolated_pass(self._reference(), cmp.candidate.path,
+                                                                  cmp.eval.sequences, s.device, s.threads,
+                                                                  self.progress)
+            cmp.layers.isolated_source = "gguf-torch, streamed" if s.stream_layers else "gguf-torch"
         except ModelDiffError as exc:
             cmp.isolate_error = str(exc)
         cmp.timings["isolate_s"] = time.perf_counter() - t0
@@ -326,8 +343,9 @@ class ModelDiff:
         from ..runners.hf import TorchCausalLM
 
         ref, cand, s = self.reference, cmp.candidate, self.settings
-        if not isinstance(ref, TorchCausalLM):
-            cmp.attribution = {"error": f"the reference runs in {ref.kind}; attribution swaps transformers layers"}
+        if not (isinstance(ref, TorchCausalLM) and ref.feeds_layers):
+            cmp.attribution = {"error": f"the reference runs in {ref.kind}; attribution swaps transformers layers "
+                                        "in memory"}
             return
         own = None
         if isinstance(cand, TorchCausalLM):
@@ -388,17 +406,6 @@ class ModelDiff:
         cmp.timings["long_context_s"] = time.perf_counter() - t0
         if cmp.long_context is not None:
             cmp.long_context["seconds"] = cmp.timings["long_context_s"]
-
-    def _stream_layers(self, cmp: Comparison, eval_input) -> None:
-        from . import streaming
-
-        s = self.settings
-        try:
-            cmp.layers = streaming.stream_layers(
-                self.reference.path, cmp.candidate.path, [seq.ids for seq in eval_input.sequences], s.keep_layers,
-                s.checkpoint_dir, progress=self.progress)
-        except ModelDiffError as exc:
-            cmp.layers_error = str(exc)
 
     def _layers_possible(self, cmp: Comparison, ref_store: "ReferenceStore") -> bool:
         """Both sides must give hidden states, else the layers check is skipped, saying why."""

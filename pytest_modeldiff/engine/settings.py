@@ -23,7 +23,7 @@ class Settings:
     logits: bool = True  # run the models for the logit metrics
     layers: bool = True  # capture hidden states for the per-layer comparison
     keep_layers: int = 0  # the candidate takes the reference's state after its first K layers
-    stream_layers: bool = False  # per-layer comparison one layer at a time from the weight files
+    stream_layers: bool = False  # the reference runs one layer at a time from its weight files (streamed runner)
     checkpoint_dir: Path | None = None  # where streaming saves its progress (default: a cache dir)
     topk_max: int = 5  # top-K accuracy and agreement for K = 1..topk_max (exllamav2's --topk_max)
     llama_perplexity_compat: bool = False  # llama-perplexity's chunks, BOS and scored second half

@@ -43,9 +43,10 @@ class ReferenceStore:
         store.writer = writer = make_writer()  # only once the model loaded: no stray .tmp on failure
         pace = Pace(sequences)
         try:
-            for i, seq in enumerate(sequences):
-                t0 = time.perf_counter()
-                fwd = runner.forward(seq.ids, hidden=hidden)
+            t0 = time.perf_counter()
+            forwards = runner.forward_all([seq.ids for seq in sequences], hidden=hidden,
+                                          progress=lambda message: progress(f"reference {message}"))
+            for i, (seq, fwd) in enumerate(zip(sequences, forwards)):
                 store.seconds += time.perf_counter() - t0
                 logits = fwd.logits
                 bad = ~np.isfinite(logits).all(axis=-1)
@@ -66,7 +67,9 @@ class ReferenceStore:
                     writer.add(logits, seq.ids, seq.text)
                 if i == 0:
                     store.last_row = np.array(logits[-1])
-                progress(f"reference {runner.name}: {pace.step(len(seq.ids))}")
+                if not runner.reports_progress:
+                    progress(f"reference {runner.name}: {pace.step(len(seq.ids))}")
+                t0 = time.perf_counter()
         except BaseException:
             if writer:
                 writer.abort()

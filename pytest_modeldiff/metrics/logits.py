@@ -236,16 +236,17 @@ def cosine_error(ref, cand) -> np.ndarray:
 
 def hidden_moments(ref, cand) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per state: sum (cand - ref)^2, sum ref^2, and the mean over tokens of cos(ref_t, cand_t)
-    (a zero vector has cosine 1 with itself, 0 with anything else). Sums pool over sequences."""
-    r, c = _3d(ref), _3d(cand)
-    d = c - r  # once for both uses (the same values as before, one float64 pass less)
-    sq_diff = d.square_().sum((-1, -2))
-    same = (d == 0).all(-1)
-    del d
-    sq_ref = (r * r).sum((-1, -2))
-    norms = r.norm(dim=-1) * c.norm(dim=-1)
-    cos = torch.where(norms > 0, (r * c).sum(-1) / norms.clamp_min(1e-300), same.to(r.dtype))
-    return sq_diff.numpy(), sq_ref.numpy(), cos.mean(-1).numpy()
+    (a zero vector has cosine 1 with itself, 0 with anything else). Sums pool over sequences.
+    One state at a time: the float64 copies and temporaries are one state's, not every layer's."""
+    ref, cand = (x[None] if np.ndim(x) == 2 else x for x in (ref, cand))
+    parts = []
+    for k in range(len(ref)):
+        r, c = _3d(ref[k]), _3d(cand[k])
+        norms = r.norm(dim=-1) * c.norm(dim=-1)
+        d = c - r
+        cos = torch.where(norms > 0, (r * c).sum(-1) / norms.clamp_min(1e-300), (d == 0).all(-1).to(r.dtype))
+        parts.append(((d * d).sum(), (r * r).sum(), cos.mean()))
+    return tuple(np.array([float(p[i]) for p in parts]) for i in range(3))
 
 
 def rfn_from_moments(sq_diff, sq_ref) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Runtimes behind one small interface (base.py): a reference or candidate is a HF folder run by
 transformers (hf.py), a GGUF run by llama.cpp (llamacpp.py) or dequantized into transformers
-(gguf_torch.py), a logits dump (dump.py), a reference cache (refcache.py) or a weights-only file
+(gguf_torch.py), a HF folder or GGUF run one layer at a time from its files (streamed.py), a
+logits dump (dump.py), a reference cache (refcache.py) or a weights-only file
 (weights.py). Adding a runtime adds a module and a row below; metrics, checks and the plugin do
 not change. This face holds only the table, so the plugin can list runners without importing one.
 """
@@ -9,6 +10,7 @@ RUNNERS = {
     "hf": "pytest_modeldiff.runners.hf:HFRunner",
     "llamacpp": "pytest_modeldiff.runners.llamacpp:LlamaCppRunner",
     "gguf-torch": "pytest_modeldiff.runners.gguf_torch:GGUFTorchRunner",
+    "streamed": "pytest_modeldiff.runners.streamed:streamed_runner",
     "dump": "pytest_modeldiff.runners.dump:DumpRunner",
     "weights": "pytest_modeldiff.runners.weights:WeightsRunner",
     "refcache": "pytest_modeldiff.runners.refcache:RefCacheRunner",

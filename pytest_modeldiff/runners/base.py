@@ -8,7 +8,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -49,6 +49,7 @@ class Runner(ABC):
     gives_hidden: ClassVar[bool] = False  # forward() can return hidden states
     feeds_layers: ClassVar[bool] = False  # can run its layers on the reference's states
     has_weights: ClassVar[bool] = True  # its path holds weight files the weights check can read
+    reports_progress: ClassVar[bool] = False  # forward_all reports its own progress (not per sequence)
     dtype: str = "auto"  # torch runners: the precision asked for (--ref-dtype); other runtimes run their own types
 
     def __init__(self, path: Path, device: str = "cpu", threads: int | None = None):
@@ -95,6 +96,13 @@ class Runner(ABC):
         output on the reference's input (``isolated``) and continue from the reference's state
         after the first ``keep`` layers (exllamav2's layer swap)."""
         return Forward(self.logits(ids))
+
+    def forward_all(self, sequences: Sequence[Sequence[int]], hidden: bool = False,
+                    progress: Callable[[str], None] = lambda message: None) -> Iterator[Forward]:
+        """``forward`` of every sequence, in order. Runners that read their weights once for all
+        sequences (streamed.py) override it; ``progress`` is theirs to report on."""
+        for ids in sequences:
+            yield self.forward(ids, hidden=hidden)
 
     def check_ids(self, ids: Sequence[int], n_vocab: int) -> None:
         """Token ids outside the model's vocabulary are bad input, not a runtime crash."""

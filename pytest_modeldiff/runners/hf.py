@@ -20,6 +20,12 @@ from .base import Forward, Runner
 # (measured: SmolLM2-135M in float32 peaks 1.47x its 0.54 GB of weights above the imports, 256-token
 # sequences with hidden states captured)
 FLOAT32_FOOTPRINT = 1.5
+# Architectures whose buffers (rope's inv_freq) transformers computes in float32 whatever the load
+# dtype: a 16-bit checkpoint loaded as stored and upcast afterwards has exactly the float32 load's
+# weights, without transformers holding the mapped 16-bit shards and the float32 copies at once
+# (1.08B bf16 Llama: peak 6.39 -> 5.82 GB). Others (Gemma's embedding scale is a buffer made in
+# the load dtype) load in float32 directly.
+UPCAST_AFTER_LOAD = ("llama", "mistral", "qwen2")
 
 
 def resolve_dtype(requested: str, stored: str | None, params: int | None,
@@ -197,6 +203,8 @@ class TorchCausalLM(Runner):
             raise ModelDiffError(f"{self.path}: transformers could not load the model: {exc}") from None
         if "device_map" not in arguments:  # else transformers placed it
             self.model.to(self.device)
+        if self.compute_dtype()[0] == "float32" and self.model.dtype != torch.float32:
+            self.model.float()  # loaded as stored (_model_arguments): parameter by parameter to float32
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
@@ -242,6 +250,12 @@ class HFRunner(TorchCausalLM):
     def _model_arguments(self) -> dict:
         if "quantization_config" in self.config:  # quantized checkpoints keep their own dtype and placement
             return {"dtype": None, "device_map": self.device}
+        stored = self.quant_type()
+        if (self.compute_dtype()[0] == "float32" and stored in ("bfloat16", "float16")
+                and self.config.get("model_type") in UPCAST_AFTER_LOAD):
+            import torch
+
+            return {"dtype": getattr(torch, stored)}  # upcast after loading (load(), UPCAST_AFTER_LOAD)
         return super()._model_arguments()
 
     def compute_dtype(self) -> tuple[str, str] | None:

@@ -380,12 +380,14 @@ def test_layers_item_table_json_plot_and_markers(pytester, tiny, tmp_path):
     assert len(lines[0].get("points").split()) == 6
 
 
-def test_stream_layers_runs_only_the_layer_check(pytester, tiny, tmp_path):
+def test_stream_layers_runs_every_check_on_a_streamed_reference(pytester, tiny, tmp_path):
     result = pytester.runpytest("-p", "no:cacheprovider", "-v", f"--ref-model={tiny / 'hf'}",
-                                f"--cand-model={tiny / 'tiny-q8_0.gguf'}", "--modeldiff-checks=layers",
-                                "--modeldiff-stream-layers", f"--modeldiff-checkpoint-dir={tmp_path}")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*modeldiff: streaming tiny-q8_0.gguf: * done*", "per-layer rfn (streamed):"])
+                                f"--cand-model={tiny / 'tiny-q8_0.gguf'}", "--modeldiff-stream-layers",
+                                f"--modeldiff-checkpoint-dir={tmp_path}", "--modeldiff-ref-cache=none")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and outcomes["passed"] >= 12 and "failed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines(["*modeldiff: reference streaming hf: layer 0 done*", "*::kld PASSED*",
+                                 "per-layer rfn (streamed):"])
     bad = pytester.runpytest("-p", "no:cacheprovider", f"--ref-model={tiny / 'hf'}",
                              f"--cand-model={tiny / 'tiny-q8_0.gguf'}", "--modeldiff-keep-layers=-1")
     bad.stderr.fnmatch_lines(["*argument --modeldiff-keep-layers: must be an integer >= 0, got '-1'*"])

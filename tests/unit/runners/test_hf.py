@@ -42,3 +42,23 @@ def test_the_run_reports_and_caches_the_dtype_it_ran(demo_ref, demo_cand, tmp_pa
     assert runs["bfloat16"][0] == ("bfloat16", "--ref-dtype")
     assert runs["auto"][1] != runs["bfloat16"][1]
     assert len(list((tmp_path / "cache").glob("*.mdref"))) == 2
+
+
+def test_a_16_bit_llama_upcast_after_loading_has_the_float32_loads_numbers(demo_ref):
+    """UPCAST_AFTER_LOAD: loaded as stored (bfloat16) and upcast, bit for bit the float32 load."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pytest_modeldiff.runners.hf import HFRunner
+
+    runner = HFRunner(demo_ref)
+    assert runner.quant_type() == "bfloat16" and runner._model_arguments()["dtype"] == torch.bfloat16
+    runner.load(64)
+    assert runner.model.dtype == torch.float32
+    direct = AutoModelForCausalLM.from_pretrained(demo_ref, dtype=torch.float32)
+    ids = list(range(100, 164))
+    with torch.inference_mode():
+        expected = direct(input_ids=torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_array_equal(runner.logits(ids), expected)
+    assert all(torch.equal(a, b) for a, b in zip(runner.model.buffers(), direct.buffers()))
