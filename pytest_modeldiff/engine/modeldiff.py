@@ -324,7 +324,7 @@ class ModelDiff:
         s = self.settings
         try:
             if s.stream_layers:  # the dequantized candidate may not fit in memory either
-                from .streaming import isolated_pass
+                from ..runners.streaming import isolated_pass
 
                 cmp.layers.isolated_rfn = isolated_pass(self._reference(), cmp.candidate.path, cmp.eval.sequences,
                                                         self.progress)

@@ -1,6 +1,6 @@
 """Runtimes behind one small interface (base.py): a reference or candidate is a HF folder run by
 transformers (hf.py), a GGUF run by llama.cpp (llamacpp.py) or dequantized into transformers
-(gguf_torch.py), a HF folder or GGUF run one layer at a time from its files (streamed.py), a
+(gguf_torch.py), a HF folder or GGUF run one layer at a time from its files (streamed.py, on streaming.py), a
 logits dump (dump.py), a reference cache (refcache.py) or a weights-only file
 (weights.py). Adding a runtime adds a module and a row below; metrics, checks and the plugin do
 not change. This face holds only the table, so the plugin can list runners without importing one.

@@ -1,5 +1,5 @@
 """A HF folder or GGUF run in transformers one module at a time from its weight files
-(engine/streaming.py): the reference for models larger than RAM (--modeldiff-stream-layers).
+(streaming.py): the reference for models larger than RAM (--modeldiff-stream-layers).
 
 Every sequence goes through each module before the next is read, so forward_all() is the way to
 run it; forward() on one sequence reads the whole model once. Float32, on the CPU.
@@ -25,7 +25,7 @@ class _Streamed:
     checkpoint_dir: Path | None = None  # where progress is saved (set by the engine; None: the default)
 
     def load(self, max_tokens: int) -> None:
-        from ..engine.streaming import StreamedModel
+        from .streaming import StreamedModel
 
         self.load_tokenizer()
         if self.threads:
@@ -37,7 +37,7 @@ class _Streamed:
 
     def forward_all(self, sequences: Sequence[Sequence[int]], hidden: bool = False,
                     progress: Callable[[str], None] = lambda message: None) -> list[Forward]:
-        from ..engine.streaming import stream_forward
+        from .streaming import stream_forward
 
         self.load(0)
         return stream_forward(self.streamed, [list(ids) for ids in sequences], hidden,

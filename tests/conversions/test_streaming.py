@@ -115,7 +115,7 @@ def test_resumes_after_ctrl_c_without_redoing_layers(tiny, tmp_path):
 
 KILLED_RUN = """
 import os, signal, sys
-from pytest_modeldiff.engine import streaming
+from pytest_modeldiff.runners import streaming
 
 def kill_during_layer_2(message):
     if "layer 2 done" in message:

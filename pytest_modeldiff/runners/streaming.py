@@ -33,7 +33,7 @@ from ..formats.atomic import atomic_open
 from ..formats.gguf_file import open_gguf
 from ..metrics import layers
 from ..metrics import logits as metrics
-from ..runners.base import Forward, model_files
+from .base import Forward, model_files
 from ..weights.files import open_weights
 
 DEFAULT_CHECKPOINT_DIR = Path.home() / ".cache" / "pytest-modeldiff" / "stream"
