@@ -33,8 +33,8 @@ from ..formats.atomic import atomic_open
 from ..formats.gguf_file import open_gguf
 from ..metrics import layers
 from ..metrics import logits as metrics
-from .base import Forward, model_files
 from ..weights.files import open_weights
+from .base import Forward, model_files
 
 DEFAULT_CHECKPOINT_DIR = Path.home() / ".cache" / "pytest-modeldiff" / "stream"
 # decoders whose forward is embed_tokens (unscaled) -> layers -> norm -> lm_head (no bias, no
