@@ -12,10 +12,11 @@ import pytest
 
 from pytest_modeldiff.checks.run import run_checks
 from pytest_modeldiff.checks.thresholds import Thresholds
-from pytest_modeldiff.engine import diagnosis, streaming
+from pytest_modeldiff.engine import diagnosis
 from pytest_modeldiff.engine.modeldiff import ModelDiff
 from pytest_modeldiff.engine.settings import Settings
 from pytest_modeldiff.errors import ModelDiffError
+from pytest_modeldiff.runners import streaming
 
 IDS = [list(range(1, 60)), list(range(100, 180, 2))]
 
