@@ -100,13 +100,14 @@ def check_logits(name: str, cmp: Comparison, threshold: Threshold, metric: Logit
         return CheckResult(name, cmp.name, SKIPPED, threshold=threshold, reason=(
             "no position has a next token to predict (a last-position dump holds one row per prompt)"))
     result = CheckResult(name, cmp.name, PASSED, threshold=threshold)
-    for i, (scope, subset) in enumerate(scopes):
+    for scope, subset in scopes:
         value = metric.aggregate(subset, cmp.n_vocab)
         ok = _passes(value, threshold.value, check.direction)
         shown = fmt(value)
-        if i and metric.count is not None and check.direction == HIGHER and np.isfinite(value):
-            # the last-position scope is one count per sequence (7 by default): 3 of 7 is noise, not a
-            # verdict, so it fails only when even the 95 % upper bound of the fraction is under the limit
+        one_per_sequence = bool(subset.is_last.all())  # the last-position scope, beside all positions or alone
+        if one_per_sequence and metric.count is not None and check.direction == HIGHER and np.isfinite(value):
+            # one count per sequence (7 by default): 3 of 7 is noise, not a verdict, so it fails only
+            # when even the 95 % upper bound of the fraction is under the limit
             hits, n = int(metric.count(subset).sum()), len(subset)
             bound = metrics.fraction_upper_bound(hits, n)
             ok = _passes(bound, threshold.value, check.direction)

@@ -102,7 +102,7 @@ def test_chat_template_that_does_not_render_is_reported_not_raised():
 def write_dumps(folder, prefix, name, sequences):
     writer = dumps.AllPositionsWriter(folder, prefix, name)
     for s, logits in enumerate(sequences):
-        writer.add(np.asarray(logits, np.float32), [s, 7 - s], None)  # distinct ids per sequence
+        writer.add(np.asarray(logits, np.float32), [s, 7 - s][:len(logits)], None)  # distinct ids per sequence
     return writer.finish(len(sequences[0][0]), {})
 
 
@@ -122,3 +122,18 @@ def test_same_top_at_the_last_positions_is_judged_by_its_upper_bound(tmp_path):
         all_row, last_row = result.rows
         assert all_row.passed and all_row.value == f"{(7 + kept) / 14:.4g}"
         assert last_row.value.startswith(f"{kept / 7:.4g} ({kept} of 7, 95 % upper bound ")
+
+
+def test_same_top_of_one_position_per_sequence_is_judged_by_its_upper_bound(tmp_path):
+    """The same rule where the last positions are the only scope (one-token sequences, as in
+    llama.cpp's last-position view): 3 of 7 passes a 0.55 limit, 1 of 7 fails."""
+    top0, top1 = [3, 0, 0, 0, 0, 0, 0, 0], [0, 3, 0, 0, 0, 0, 0, 0]
+    for kept, status in ((3, PASSED), (1, FAILED)):
+        cand = [[top0 if s < kept else top1] for s in range(7)]
+        report = compare(write_dumps(tmp_path / str(kept), "pytorch", "ref", [[top0]] * 7),
+                         write_dumps(tmp_path / str(kept), "llamacpp", "cand-q4_k_m", cand),
+                         checks=["same_top"], thresholds={"same_top": 0.55})
+        result = report["llamacpp-cand-q4_k_m-all"].result("same_top")
+        assert result.status == status and len(result.rows) == 1, [(r.metric, r.value) for r in result.rows]
+        assert result.rows[0].metric == "same top-1, last position of 7 sequences"
+        assert result.rows[0].value.startswith(f"{kept / 7:.4g} ({kept} of 7, 95 % upper bound ")
