@@ -13,6 +13,7 @@ not the verdicts).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -54,13 +55,7 @@ class LlamaShape:
 
     @property
     def params(self) -> int:
-        total = 0
-        for _, shape in self.tensors():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n
-        return total
+        return sum(math.prod(shape) for _, shape in self.tensors())
 
 
 LLAMA3_8B = LlamaShape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256)
@@ -86,7 +81,7 @@ def write_random_llama(shape: LlamaShape, out: Path, seed: int = 0, shard_bytes:
     names = list(shape.tensors())
     shards, current, size = [], {}, 0
     for name, dims in names:  # group into shards of about shard_bytes
-        nbytes = 2 * int(torch.tensor(dims).prod()) if len(dims) > 1 else 2 * dims[0]
+        nbytes = 2 * math.prod(dims)  # bf16
         if current and size + nbytes > shard_bytes:
             shards.append(current)
             current, size = {}, 0
@@ -137,12 +132,6 @@ def convert_and_quantize(hf: Path, out: Path, qtype: str = "q4_k_m", via: str = 
     finally:
         mid.unlink(missing_ok=True)
     return out
-
-
-def vmhwm_mb(pid: int | str = "self") -> float:
-    """Peak resident set (VmHWM) of a process, MB."""
-    line = next(ln for ln in open(f"/proc/{pid}/status") if ln.startswith("VmHWM:"))
-    return int(line.split()[1]) / 1024
 
 
 if __name__ == "__main__":  # python benchmarks/randomllama.py 8b|1b OUT_DIR

@@ -323,16 +323,15 @@ class ModelDiff:
         t0 = time.perf_counter()
         s = self.settings
         try:
+            ref, path, sequences = self._reference(), cmp.candidate.path, cmp.eval.sequences
             if s.stream_layers:  # the dequantized candidate may not fit in memory either
                 from ..runners.streaming import isolated_pass
 
-                cmp.layers.isolated_rfn = isolated_pass(self._reference(), cmp.candidate.path, cmp.eval.sequences,
-                                                        self.progress)
+                rfn, source = isolated_pass(ref, path, sequences, self.progress), "gguf-torch, streamed"
             else:
-                cmp.layers.isolated_rfn = diagnosis.isolated_pass(self._reference(), cmp.candidate.path,
-                                                                  cmp.eval.sequences, s.device, s.threads,
-                                                                  self.progress)
-            cmp.layers.isolated_source = "gguf-torch, streamed" if s.stream_layers else "gguf-torch"
+                rfn = diagnosis.isolated_pass(ref, path, sequences, s.device, s.threads, self.progress)
+                source = "gguf-torch"
+            cmp.layers.isolated_rfn, cmp.layers.isolated_source = rfn, source
         except ModelDiffError as exc:
             cmp.isolate_error = str(exc)
         cmp.timings["isolate_s"] = time.perf_counter() - t0

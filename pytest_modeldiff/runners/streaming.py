@@ -81,7 +81,7 @@ class StreamedModel:
         self.rotary = type(decoder.rotary_emb)(config=self.config)  # real buffers, not meta
         self.n_layers = len(decoder.layers)
         self.reader = open_weights(self.path)
-        self.head_name = next(name for name, m in self.model.named_modules() if m is head) + ".weight"
+        self.head_name = self.name_of(head) + ".weight"
 
     def _check_supported(self) -> None:
         c = self.config
@@ -111,6 +111,10 @@ class StreamedModel:
         if min(min(seq) for seq in ids) < 0 or max(max(seq) for seq in ids) >= n_vocab:
             raise ModelDiffError(f"{self.path}: token ids must be 0..{n_vocab - 1}")
 
+    def name_of(self, module) -> str:
+        """The module's HF name in the model (its parameters' prefix)."""
+        return next(name for name, m in self.model.named_modules() if m is module)
+
     def module(self, kind: str, index: int = 0):
         if kind == "embd":
             return self.decoder.embed_tokens
@@ -121,7 +125,7 @@ class StreamedModel:
 
         if module is self.decoder.embed_tokens:
             return  # embed() reads only the rows of the tokens asked for
-        prefix = next(name for name, m in self.model.named_modules() if m is module)
+        prefix = self.name_of(module)
         state = {name: torch.from_numpy(np.ascontiguousarray(self.weights(f"{prefix}.{name}")))
                  for name, _ in module.named_parameters()}
         self.reader.release()  # no mapped shard stays resident
@@ -133,7 +137,7 @@ class StreamedModel:
 
     def embed(self, ids: Sequence[int]) -> np.ndarray:
         """The embedding rows of ``ids``, read row by row (a 128k-token table is 2 GB in float32)."""
-        name = next(n for n, m in self.model.named_modules() if m is self.decoder.embed_tokens) + ".weight"
+        name = self.name_of(self.decoder.embed_tokens) + ".weight"
         rows = {i: self.weights(name, i, i + 1)[0] for i in sorted(set(ids))}
         self.reader.release()
         return np.stack([rows[i] for i in ids])
